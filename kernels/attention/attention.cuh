@@ -1,0 +1,5 @@
+// The dflex attention kernel templates (forward, backward) in one include.
+#pragma once
+
+#include "backward.cuh"
+#include "forward.cuh"

@@ -1,0 +1,281 @@
+// Attention backward without a score matrix in memory. Three launches:
+//   1. attention_backward_preprocess_kernel: delta = rowsum(dO * O), and zero
+//      the fp32 dQ accumulator.
+//   2. attention_backward_kernel: per key tile, recompute P from Q, K and the
+//      forward LSE for every query tile that sees it (all query heads of the
+//      group), accumulate dK and dV in registers, add dS K into the dQ
+//      accumulator with fp32 atomics.
+//   3. attention_backward_grad_q_kernel: dQ accumulator -> dQ in Element.
+// With logit = score_mod(scale * q.k):
+//   dP = dO V^T, dS = P * (dP - delta) * d logit / d(q.k),
+//   dV = P^T dO, dK = dS^T Q, dQ = dS K.
+#pragma once
+
+#include "config.cuh"
+#include "logits.cuh"
+#include "params.cuh"
+#include "variant.cuh"
+
+namespace dflex {
+namespace kernels {
+
+// Index of one (batch, query head, query) row in the row-major
+// [B, q_heads, q_len] layout of LSE, delta and the dQ accumulator.
+struct QueryRow {
+  int batch;
+  int head;
+  int q;
+  long long flat;
+
+  __device__ __forceinline__ static QueryRow of_warp(const AttentionShape& shape) {
+    QueryRow row;
+    row.flat = static_cast<long long>(blockIdx.x) * (kRowKernelThreads / 32) + (threadIdx.x >> 5);
+    row.q = static_cast<int>(row.flat % shape.q_len);
+    row.head = static_cast<int>((row.flat / shape.q_len) % shape.q_heads);
+    row.batch = static_cast<int>(row.flat / (static_cast<long long>(shape.q_len) * shape.q_heads));
+    return row;
+  }
+};
+
+// Grid: ceil(batch * q_heads * q_len / (kRowKernelThreads / 32)); kRowKernelThreads threads.
+template <class Config>
+__global__ void __launch_bounds__(kRowKernelThreads) attention_backward_preprocess_kernel(const AttentionBackwardParams params) {
+  using Element = typename Config::Element;
+  constexpr int kHeadDim = Config::kHeadDim;
+  const AttentionShape& shape = params.shape;
+  const QueryRow row = QueryRow::of_warp(shape);
+  if (row.batch >= shape.batch) return;
+  const int lane = threadIdx.x & 31;
+
+  const Element* o = static_cast<const Element*>(params.o) + row.batch * params.o_strides.batch +
+                     row.head * params.o_strides.head + row.q * params.o_strides.row;
+  const Element* grad_o = static_cast<const Element*>(params.grad_o) + row.batch * params.grad_o_strides.batch +
+                          row.head * params.grad_o_strides.head + row.q * params.grad_o_strides.row;
+  float sum = 0.f;
+#pragma unroll
+  for (int col = lane; col < kHeadDim; col += 32) {
+    sum += ElementTraits<Element>::to_float(o[col]) * ElementTraits<Element>::to_float(grad_o[col]);
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) params.delta[row.flat] = sum;
+
+  float4* accum = reinterpret_cast<float4*>(params.grad_q_accum + row.flat * kHeadDim);
+#pragma unroll
+  for (int i = lane; i < kHeadDim / 4; i += 32) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// Grid: ceil(batch * q_heads * q_len / (kRowKernelThreads / 32)); kRowKernelThreads threads.
+template <class Config>
+__global__ void __launch_bounds__(kRowKernelThreads) attention_backward_grad_q_kernel(const AttentionBackwardParams params) {
+  using Element = typename Config::Element;
+  constexpr int kHeadDim = Config::kHeadDim;
+  const AttentionShape& shape = params.shape;
+  const QueryRow row = QueryRow::of_warp(shape);
+  if (row.batch >= shape.batch) return;
+  const int lane = threadIdx.x & 31;
+
+  const float2* accum = reinterpret_cast<const float2*>(params.grad_q_accum + row.flat * kHeadDim);
+  Element* grad_q = static_cast<Element*>(params.grad_q) + row.batch * params.grad_q_strides.batch +
+                    row.head * params.grad_q_strides.head + row.q * params.grad_q_strides.row;
+#pragma unroll
+  for (int pair = lane; pair < kHeadDim / 2; pair += 32) {
+    const float2 value = accum[pair];
+    *reinterpret_cast<unsigned*>(grad_q + 2 * pair) = ElementTraits<Element>::pack(value.x, value.y);
+  }
+}
+
+// Grid: (ceil(kv_len / kBlockN), kv_heads, batch); Config::kThreads threads;
+// Config::kSharedBytes of dynamic shared memory. Needs the preprocess kernel
+// to have run (delta, zeroed accumulator) and the backward tile list.
+template <class Config, class Variant>
+__global__ void __launch_bounds__(Config::kThreads)
+    attention_backward_kernel(const AttentionBackwardParams params, const Variant variant) {
+  static_assert(VariantCheck<Variant>::kOk, "");
+  using Element = typename Config::Element;
+  using QTile = typename Config::QTile;
+  using KVTile = typename Config::KVTile;
+  using ScoreTile = typename Config::ScoreTile;
+  constexpr int kHeadDim = Config::kHeadDim;
+  constexpr int kBlockM = Config::kBlockM;
+  constexpr int kBlockN = Config::kBlockN;
+  constexpr int kThreads = Config::kThreads;
+  constexpr int kScoreBlocks = Config::kScoreCols / 8;
+  constexpr int kKeyBlocks = Config::kKeyCols / 8;
+  constexpr int kChunkBlocks = Config::kGradQChunk / 8;
+
+  extern __shared__ __align__(16) unsigned char shared_memory[];
+  Element* k_tile = reinterpret_cast<Element*>(shared_memory);
+  Element* v_tile = k_tile + kBlockN * kHeadDim;
+  Element* q_tile = v_tile + kBlockN * kHeadDim;
+  Element* grad_o_tile = q_tile + kBlockM * kHeadDim;
+  Element* p_tile = grad_o_tile + kBlockM * kHeadDim;
+  Element* grad_s_tile = p_tile + kBlockM * kBlockN;
+  float* lse_log2 = reinterpret_cast<float*>(grad_s_tile + kBlockM * kBlockN);  // +inf: row sees nothing
+  float* delta_tile = lse_log2 + kBlockM;
+
+  const AttentionShape& shape = params.shape;
+  const int thread = threadIdx.x;
+  const int lane = thread & 31;
+  const int warp = thread >> 5;
+  const int score_row0 = (warp / Config::kScoreWarpsN) * 16;
+  const int score_col0 = (warp % Config::kScoreWarpsN) * Config::kScoreCols;
+  const int key_row0 = (warp / Config::kKeyWarpsN) * 16;
+  const int key_col0 = (warp % Config::kKeyWarpsN) * Config::kKeyCols;
+  const int query_row0 = (warp / Config::kQueryWarpsN) * 16;
+  const int query_col0 = (warp % Config::kQueryWarpsN) * Config::kQueryCols;
+
+  const int key_tile = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int group = shape.q_heads / shape.kv_heads;
+  const int first_head = kv_head * group;
+  const int kv_start = key_tile * kBlockN;
+  const int kv_rows = min(kBlockN, shape.kv_len - kv_start);
+
+  const Element* k = static_cast<const Element*>(params.k) + batch * params.k_strides.batch +
+                     kv_head * params.k_strides.head + kv_start * params.k_strides.row;
+  const Element* v = static_cast<const Element*>(params.v) + batch * params.v_strides.batch +
+                     kv_head * params.v_strides.head + kv_start * params.v_strides.row;
+  async_load_tile<KVTile, kThreads>(k_tile, k, params.k_strides.row, kv_rows, thread);
+  async_load_tile<KVTile, kThreads>(v_tile, v, params.v_strides.row, kv_rows, thread);
+
+  // Work cursor: query head first_head + head_offset, tile-list entry `index`
+  // of that head's row, which ends at `last`.
+  int head_offset = 0;
+  int index = 0;
+  int last = 0;
+  auto open_row = [&](int offset) {
+    const int list_row = params.tiles.row(batch, first_head + offset, key_tile);
+    index = params.tiles.row_offsets[list_row];
+    last = params.tiles.row_offsets[list_row + 1];
+  };
+  auto skip_empty_rows = [&]() {
+    while (index == last && head_offset + 1 < group) open_row(++head_offset);
+  };
+  auto load_queries = [&]() {
+    const int head = first_head + head_offset;
+    const int q_start = tile_entry_index(params.tiles.entries[index]) * kBlockM;
+    const int q_rows = min(kBlockM, shape.q_len - q_start);
+    const Element* q = static_cast<const Element*>(params.q) + batch * params.q_strides.batch +
+                       head * params.q_strides.head + q_start * params.q_strides.row;
+    const Element* grad_o = static_cast<const Element*>(params.grad_o) + batch * params.grad_o_strides.batch +
+                            head * params.grad_o_strides.head + q_start * params.grad_o_strides.row;
+    async_load_tile<QTile, kThreads>(q_tile, q, params.q_strides.row, q_rows, thread);
+    async_load_tile<QTile, kThreads>(grad_o_tile, grad_o, params.grad_o_strides.row, q_rows, thread);
+    const long long row_base = (static_cast<long long>(batch) * shape.q_heads + head) * shape.q_len + q_start;
+    for (int i = thread; i < kBlockM; i += kThreads) {
+      const bool in_range = i < q_rows;
+      const float lse = in_range ? params.lse[row_base + i] : negative_infinity();
+      // P = exp2(logit - lse_log2) is then 0 for rows that see nothing and for padding.
+      lse_log2[i] = lse == negative_infinity() ? positive_infinity() : lse * kLog2e;
+      delta_tile[i] = in_range ? params.delta[row_base + i] : 0.f;
+    }
+  };
+
+  open_row(0);
+  skip_empty_rows();
+  if (index < last) load_queries();
+  cp_async_commit();
+
+  float grad_k[kKeyBlocks][4];
+  float grad_v[kKeyBlocks][4];
+  zero(grad_k);
+  zero(grad_v);
+
+  while (index < last) {
+    const int head = first_head + head_offset;
+    const int entry = params.tiles.entries[index];
+    const int q_start = tile_entry_index(entry) * kBlockM;
+    const bool partial = tile_entry_partial(entry);
+    const bool checked = partial || q_start + kBlockM > shape.q_len || kv_rows < kBlockN;
+
+    cp_async_wait<0>();  // Q, dO (and on the first pass K, V) have landed
+    __syncthreads();     // ... for every thread, and everyone is done with the previous dS
+
+    float scores[kScoreBlocks][4];
+    float grad_p[kScoreBlocks][4];
+    zero(scores);
+    zero(grad_p);
+    warp_mma<Element, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(scores, q_tile, score_row0, 0,
+                                                                              k_tile, score_col0, 0, lane);
+    warp_mma<Element, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(grad_p, grad_o_tile, score_row0, 0,
+                                                                              v_tile, score_col0, 0, lane);
+
+    // P and dS in place of the score and dP accumulators.
+    const LogitMap<Variant> logits(variant, batch, head, shape.scale);
+    const int row_upper = score_row0 + (lane >> 2);
+    const int col_first = score_col0 + 2 * (lane & 3);
+    const float row_lse[2] = {lse_log2[row_upper], lse_log2[row_upper + 8]};
+    const float row_delta[2] = {delta_tile[row_upper], delta_tile[row_upper + 8]};
+#pragma unroll
+    for (int j = 0; j < kScoreBlocks; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int q = q_start + row_upper + 8 * (i >> 1);
+        const int kv = kv_start + col_first + 8 * j + (i & 1);
+        float p = 0.f;
+        float grad_s = 0.f;
+        if (!checked || logits.visible(partial, q, kv, shape.q_len, shape.kv_len)) {
+          p = fast_exp2(logits.logit(scores[j][i], q, kv) - row_lse[i >> 1]);
+          grad_s = p * (grad_p[j][i] - row_delta[i >> 1]) * logits.logit_grad(scores[j][i], q, kv);
+        }
+        scores[j][i] = p;
+        grad_p[j][i] = grad_s;
+      }
+    }
+    store_accumulator<ScoreTile>(p_tile, scores, 1.f, 1.f, score_row0, score_col0, lane);
+    store_accumulator<ScoreTile>(grad_s_tile, grad_p, 1.f, 1.f, score_row0, score_col0, lane);
+    __syncthreads();
+
+    // dV += P^T dO, dK += dS^T Q.
+    warp_mma<Element, kKeyBlocks, kBlockM / 16, true, true, ScoreTile, QTile>(grad_v, p_tile, key_row0, 0,
+                                                                            grad_o_tile, key_col0, 0, lane);
+    warp_mma<Element, kKeyBlocks, kBlockM / 16, true, true, ScoreTile, QTile>(grad_k, grad_s_tile, key_row0, 0,
+                                                                            q_tile, key_col0, 0, lane);
+    __syncthreads();  // Q, dO, LSE and delta buffers are free: fetch the next query tile
+
+    ++index;
+    skip_empty_rows();
+    if (index < last) load_queries();
+    cp_async_commit();
+
+    // dQ += dS K, straight into the fp32 accumulator of (head, q_start).
+    float* accum = params.grad_q_accum +
+                   ((static_cast<long long>(batch) * shape.q_heads + head) * shape.q_len + q_start) * kHeadDim;
+#pragma unroll
+    for (int chunk = 0; chunk < Config::kQueryCols / Config::kGradQChunk; ++chunk) {
+      const int col0 = query_col0 + chunk * Config::kGradQChunk;
+      float grad_q[kChunkBlocks][4];
+      zero(grad_q);
+      warp_mma<Element, kChunkBlocks, kBlockN / 16, false, true, ScoreTile, KVTile>(grad_q, grad_s_tile, query_row0,
+                                                                                  0, k_tile, col0, 0, lane);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = query_row0 + (lane >> 2) + 8 * half;
+        if (q_start + row < shape.q_len) {
+#pragma unroll
+          for (int j = 0; j < kChunkBlocks; ++j) {
+            global_add_pair(accum + row * kHeadDim + col0 + 8 * j + 2 * (lane & 3), grad_q[j][2 * half],
+                            grad_q[j][2 * half + 1]);
+          }
+        }
+      }
+    }
+  }
+
+  // Stage dK and dV through the K and V buffers for 16-byte stores.
+  cp_async_wait<0>();
+  __syncthreads();
+  store_accumulator<KVTile>(k_tile, grad_k, 1.f, 1.f, key_row0, key_col0, lane);
+  store_accumulator<KVTile>(v_tile, grad_v, 1.f, 1.f, key_row0, key_col0, lane);
+  __syncthreads();
+  Element* grad_k_out = static_cast<Element*>(params.grad_k) + batch * params.grad_k_strides.batch +
+                        kv_head * params.grad_k_strides.head + kv_start * params.grad_k_strides.row;
+  Element* grad_v_out = static_cast<Element*>(params.grad_v) + batch * params.grad_v_strides.batch +
+                        kv_head * params.grad_v_strides.head + kv_start * params.grad_v_strides.row;
+  store_tile<KVTile, kThreads>(grad_k_out, params.grad_k_strides.row, k_tile, kv_rows, thread);
+  store_tile<KVTile, kThreads>(grad_v_out, params.grad_v_strides.row, v_tile, kv_rows, thread);
+}
+
+}  // namespace kernels
+}  // namespace dflex

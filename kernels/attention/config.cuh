@@ -1,0 +1,98 @@
+// Compile-time configurations of the attention kernels: element type, head
+// dimension, tile sizes and warp layout, with the shared memory they need.
+// Every configuration must fit sm_120's 101,376 B of shared memory per block.
+#pragma once
+
+#include "../common/mma.cuh"
+
+namespace dflex {
+namespace kernels {
+
+// Forward: one block per (query tile of kBlockM, query head, batch); each warp
+// owns 16 query rows and walks the listed key tiles of kBlockN keys.
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_>
+struct AttentionForwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = kBlockM / 16;
+  static constexpr int kThreads = kWarps * 32;
+  using QTile = SwizzledTile<kBlockM, kHeadDim>;   // Q, then O on the way out
+  using KVTile = SwizzledTile<kBlockN, kHeadDim>;  // one K and one V buffer
+  static constexpr int kSharedBytes = QTile::kBytes + 2 * KVTile::kBytes;
+
+  static_assert(kHeadDim % 64 == 0, "head_dim must be a multiple of 64");
+  static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0, "tiles are made of 16x16 mma blocks");
+  static_assert(kSharedBytes <= kMaxSharedMemoryPerBlock, "forward config exceeds sm_120 shared memory per block");
+};
+
+// Backward: one block per (key tile of kBlockN, key/value head, batch),
+// holding dK and dV of its tile in registers while it walks, for each query
+// head of the group, the query tiles (kBlockM) that see the key tile.
+// Three warp layouts share the block's warps:
+//   scores  S, dP   kBlockM x kBlockN: kBlockM/16 warp rows
+//   dK, dV          kBlockN x kHeadDim: kBlockN/16 warp rows
+//   dQ              kBlockM x kHeadDim: kBlockM/16 warp rows, in column chunks of kGradQChunk
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kGradQChunk_>
+struct AttentionBackwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kGradQChunk = kGradQChunk_;
+
+  static constexpr int kScoreWarpsN = kWarps / (kBlockM / 16);
+  static constexpr int kScoreCols = kBlockN / kScoreWarpsN;
+  static constexpr int kKeyWarpsN = kWarps / (kBlockN / 16);
+  static constexpr int kKeyCols = kHeadDim / kKeyWarpsN;
+  static constexpr int kQueryWarpsN = kWarps / (kBlockM / 16);
+  static constexpr int kQueryCols = kHeadDim / kQueryWarpsN;
+
+  using QTile = SwizzledTile<kBlockM, kHeadDim>;      // Q and dO
+  using KVTile = SwizzledTile<kBlockN, kHeadDim>;     // K and V, then dK and dV on the way out
+  using ScoreTile = SwizzledTile<kBlockM, kBlockN>;   // P and dS
+  static constexpr int kSharedBytes =
+      2 * KVTile::kBytes + 2 * QTile::kBytes + 2 * ScoreTile::kBytes + 2 * kBlockM * int(sizeof(float));
+
+  static_assert(kHeadDim % 64 == 0, "head_dim must be a multiple of 64");
+  static_assert(kWarps % (kBlockM / 16) == 0 && kWarps % (kBlockN / 16) == 0,
+                "warps must split evenly over 16-row groups of both tiles");
+  static_assert(kScoreWarpsN * (kBlockM / 16) == kWarps && kBlockN % kScoreWarpsN == 0 && kScoreCols % 16 == 0,
+                "score tile columns per warp must be a multiple of 16");
+  static_assert(kHeadDim % kKeyWarpsN == 0 && kKeyCols % 16 == 0, "dK/dV columns per warp must be a multiple of 16");
+  static_assert(kHeadDim % kQueryWarpsN == 0 && kQueryCols % kGradQChunk == 0 && kGradQChunk % 16 == 0,
+                "dQ columns per warp must be whole chunks of a multiple of 16");
+  static_assert(kSharedBytes <= kMaxSharedMemoryPerBlock, "backward config exceeds sm_120 shared memory per block");
+};
+
+// Threads per block of the row-wise kernels (backward preprocess, dQ
+// conversion): one warp per (batch, head, query) row.
+constexpr int kRowKernelThreads = 256;
+
+// The configurations dflex instantiates, per element type and head dim.
+template <class Element, int kHeadDim>
+struct DefaultAttentionConfigs;
+
+template <class Element>
+struct DefaultAttentionConfigs<Element, 64> {
+  using Forward = AttentionForwardConfig<Element, 64, 128, 64>;                // 32 KB
+  using Backward = AttentionBackwardConfig<Element, 64, 64, 64, 4, 32>;       // 48.5 KB
+};
+
+template <class Element>
+struct DefaultAttentionConfigs<Element, 128> {
+  using Forward = AttentionForwardConfig<Element, 128, 128, 64>;               // 64 KB
+  using Backward = AttentionBackwardConfig<Element, 128, 64, 64, 8, 32>;      // 80.5 KB
+};
+
+template <class Element>
+struct DefaultAttentionConfigs<Element, 256> {
+  using Forward = AttentionForwardConfig<Element, 256, 64, 64>;                // 96 KB
+  using Backward = AttentionBackwardConfig<Element, 256, 32, 32, 4, 32>;      // 68.25 KB
+};
+
+}  // namespace kernels
+}  // namespace dflex

@@ -1,0 +1,178 @@
+// Attention forward: FlashAttention-2 style online softmax over the key tiles
+// that the tile list gives for each query tile. Writes O and the natural-log
+// LSE of every row; a row that sees no key gets O = 0 and LSE = -inf.
+//
+// Pipeline (one K and one V buffer): the load of V(j) overlaps S = Q K(j)^T
+// and the softmax, the load of K(j+1) overlaps O += P V(j).
+#pragma once
+
+#include "config.cuh"
+#include "logits.cuh"
+#include "params.cuh"
+#include "variant.cuh"
+
+namespace dflex {
+namespace kernels {
+
+// Grid: (ceil(q_len / kBlockM), q_heads, batch); Config::kThreads threads;
+// Config::kSharedBytes of dynamic shared memory.
+template <class Config, class Variant>
+__global__ void __launch_bounds__(Config::kThreads)
+    attention_forward_kernel(const AttentionForwardParams params, const Variant variant) {
+  static_assert(VariantCheck<Variant>::kOk, "");
+  using Element = typename Config::Element;
+  using QTile = typename Config::QTile;
+  using KVTile = typename Config::KVTile;
+  constexpr int kHeadDim = Config::kHeadDim;
+  constexpr int kBlockM = Config::kBlockM;
+  constexpr int kBlockN = Config::kBlockN;
+  constexpr int kThreads = Config::kThreads;
+  constexpr int kScoreBlocks = kBlockN / 8;
+  constexpr int kOutBlocks = kHeadDim / 8;
+
+  extern __shared__ __align__(16) unsigned char shared_memory[];
+  Element* q_tile = reinterpret_cast<Element*>(shared_memory);
+  Element* k_tile = q_tile + kBlockM * kHeadDim;
+  Element* v_tile = k_tile + kBlockN * kHeadDim;
+
+  const AttentionShape& shape = params.shape;
+  const int thread = threadIdx.x;
+  const int lane = thread & 31;
+  const int warp_row0 = (thread >> 5) * 16;
+  // Later query tiles usually see more keys (causal, DFlash): start them first.
+  const int query_tile = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / (shape.q_heads / shape.kv_heads);
+  const int q_start = query_tile * kBlockM;
+  const int q_rows = min(kBlockM, shape.q_len - q_start);
+  const bool query_edge = q_rows < kBlockM;
+
+  const Element* q = static_cast<const Element*>(params.q) + batch * params.q_strides.batch +
+                     head * params.q_strides.head + q_start * params.q_strides.row;
+  const Element* k =
+      static_cast<const Element*>(params.k) + batch * params.k_strides.batch + kv_head * params.k_strides.head;
+  const Element* v =
+      static_cast<const Element*>(params.v) + batch * params.v_strides.batch + kv_head * params.v_strides.head;
+
+  const int list_row = params.tiles.row(batch, head, query_tile);
+  const int first = params.tiles.row_offsets[list_row];
+  const int last = params.tiles.row_offsets[list_row + 1];
+
+  async_load_tile<QTile, kThreads>(q_tile, q, params.q_strides.row, q_rows, thread);
+  if (first < last) {
+    const int kv_start = tile_entry_index(params.tiles.entries[first]) * kBlockN;
+    async_load_tile<KVTile, kThreads>(k_tile, k + kv_start * params.k_strides.row, params.k_strides.row,
+                                      min(kBlockN, shape.kv_len - kv_start), thread);
+  }
+  cp_async_commit();
+
+  float out[kOutBlocks][4];
+  zero(out);
+  // Running row maxima (log2 units) and partial row sums of this thread's two
+  // rows: warp_row0 + lane/4 ("upper") and 8 below ("lower").
+  float row_max[2] = {negative_infinity(), negative_infinity()};
+  float row_sum[2] = {0.f, 0.f};
+  const LogitMap<Variant> logits{variant, batch, head, shape.scale};
+  const int thread_q = q_start + warp_row0 + (lane >> 2);
+
+  for (int index = first; index < last; ++index) {
+    const int entry = params.tiles.entries[index];
+    const int kv_start = tile_entry_index(entry) * kBlockN;
+    const int kv_rows = min(kBlockN, shape.kv_len - kv_start);
+
+    cp_async_wait<0>();  // K(j) has landed
+    __syncthreads();     // ... for every thread, and everyone is done with V(j-1)
+    async_load_tile<KVTile, kThreads>(v_tile, v + kv_start * params.v_strides.row, params.v_strides.row, kv_rows,
+                                      thread);
+    cp_async_commit();
+
+    float scores[kScoreBlocks][4];
+    zero(scores);
+    warp_mma<Element, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(scores, q_tile, warp_row0, 0,
+                                                                              k_tile, 0, 0, lane);
+    const bool checked = tile_entry_partial(entry) || query_edge || kv_rows < kBlockN;
+    logits.apply(scores, checked, tile_entry_partial(entry), thread_q, kv_start + 2 * (lane & 3), shape.q_len,
+                 shape.kv_len);
+
+    // Online softmax: rescale what was accumulated to the new row maximum.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float tile_max = row_max[half];
+#pragma unroll
+      for (int j = 0; j < kScoreBlocks; ++j) {
+        tile_max = fmaxf(tile_max, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
+      }
+      tile_max = quad_max(tile_max);
+      // A row with nothing visible so far keeps max -inf; exponentiate against
+      // 0 then, so that exp2(-inf - -inf) never makes a NaN.
+      const float base = tile_max == negative_infinity() ? 0.f : tile_max;
+      const float correction = fast_exp2(row_max[half] - base);
+      row_max[half] = tile_max;
+      row_sum[half] *= correction;
+#pragma unroll
+      for (int j = 0; j < kOutBlocks; ++j) {
+        out[j][2 * half] *= correction;
+        out[j][2 * half + 1] *= correction;
+      }
+#pragma unroll
+      for (int j = 0; j < kScoreBlocks; ++j) {
+        scores[j][2 * half] = fast_exp2(scores[j][2 * half] - base);
+        scores[j][2 * half + 1] = fast_exp2(scores[j][2 * half + 1] - base);
+        row_sum[half] += scores[j][2 * half] + scores[j][2 * half + 1];
+      }
+    }
+
+    cp_async_wait<0>();  // V(j) has landed
+    __syncthreads();     // ... for every thread, and everyone is done with K(j)
+    if (index + 1 < last) {
+      const int next_start = tile_entry_index(params.tiles.entries[index + 1]) * kBlockN;
+      async_load_tile<KVTile, kThreads>(k_tile, k + next_start * params.k_strides.row, params.k_strides.row,
+                                        min(kBlockN, shape.kv_len - next_start), thread);
+    }
+    cp_async_commit();
+
+    // O += P V, P taken straight from the score accumulators: the C fragments
+    // of column blocks 2s and 2s+1 are the A fragment of reduction step s.
+#pragma unroll
+    for (int step = 0; step < kBlockN / 16; ++step) {
+      const unsigned p[4] = {
+          ElementTraits<Element>::pack(scores[2 * step][0], scores[2 * step][1]),
+          ElementTraits<Element>::pack(scores[2 * step][2], scores[2 * step][3]),
+          ElementTraits<Element>::pack(scores[2 * step + 1][0], scores[2 * step + 1][1]),
+          ElementTraits<Element>::pack(scores[2 * step + 1][2], scores[2 * step + 1][3]),
+      };
+#pragma unroll
+      for (int pair = 0; pair < kHeadDim / 16; ++pair) {
+        unsigned b[4];
+        load_b_pair_transposed<KVTile>(b, v_tile, pair * 16, step * 16, lane);
+        ElementTraits<Element>::mma(out[2 * pair], p, b[0], b[1]);
+        ElementTraits<Element>::mma(out[2 * pair + 1], p, b[2], b[3]);
+      }
+    }
+  }
+
+  float inverse_sum[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float total = quad_sum(row_sum[half]);
+    inverse_sum[half] = total > 0.f ? 1.f / total : 0.f;
+    const int q_index = thread_q + 8 * half;
+    if ((lane & 3) == 0 && q_index < shape.q_len) {
+      params.lse[(static_cast<long long>(batch) * shape.q_heads + head) * shape.q_len + q_index] =
+          total > 0.f ? (row_max[half] + log2f(total)) * kLn2 : negative_infinity();
+    }
+  }
+
+  // Stage O through the Q buffer for 16-byte stores.
+  cp_async_wait<0>();
+  __syncthreads();
+  store_accumulator<QTile>(q_tile, out, inverse_sum[0], inverse_sum[1], warp_row0, 0, lane);
+  __syncthreads();
+  Element* o = static_cast<Element*>(params.o) + batch * params.o_strides.batch + head * params.o_strides.head +
+               q_start * params.o_strides.row;
+  store_tile<QTile, kThreads>(o, params.o_strides.row, q_tile, q_rows, thread);
+}
+
+}  // namespace kernels
+}  // namespace dflex

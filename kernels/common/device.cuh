@@ -1,0 +1,93 @@
+// Small device primitives shared by the dflex kernel templates: shared-memory
+// addresses, asynchronous copies, ldmatrix, fast exp2 and warp reductions.
+//
+// Everything here is header-only and compiles under nvcc and NVRTC alike: no
+// host standard headers, only CUDA built-ins and inline PTX (sm_80 or newer).
+#pragma once
+
+namespace dflex {
+namespace kernels {
+
+// Shared memory a single block may use on every target: sm_120 (RTX PRO 6000
+// Blackwell, RTX 5090) allows 99 KB per block, less than sm_90's 227 KB.
+constexpr int kMaxSharedMemoryPerBlock = 101376;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float positive_infinity() { return __int_as_float(0x7f800000); }
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+// 16-byte global -> shared copy that bypasses L1. When `valid` is false the
+// 16 destination bytes are zero-filled and nothing is read from `source`.
+__device__ __forceinline__ void cp_async_16(unsigned destination, const void* source, bool valid) {
+  const int source_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(source),
+               "r"(source_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most `kPending` committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8x8 matrices of 16-bit elements; lanes 8i..8i+7 give the row addresses
+// of matrix i, register i receives matrix i in the mma fragment layout.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// As ldmatrix_x4, each 8x8 matrix transposed on the way.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// 2^x with the hardware approximation (relative error ~2^-22); exp2(-inf) = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Reductions over the four lanes that share a row of an mma accumulator.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// Adds (a, b) to two consecutive floats in global memory without returning
+// the old values (one vector reduction on sm_90 and newer).
+__device__ __forceinline__ void global_add_pair(float* address, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(address, a);
+  atomicAdd(address + 1, b);
+#endif
+}
+
+}  // namespace kernels
+}  // namespace dflex

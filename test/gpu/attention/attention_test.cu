@@ -1,0 +1,765 @@
+// Standalone GPU correctness and timing harness of the dflex attention kernel
+// templates (kernels/attention). Modes (default: all three, in this order):
+//   --self-test  check the float64 reference's gradients by finite differences (CPU only)
+//   --check      forward + backward on random inputs for a set of masks, score mods,
+//                head dims, GQA groups, layouts and odd lengths, against the reference
+//   --time       DFlash training shape and causal 8192: fwd and fwd+bwd medians
+// Exit status 0 only when every check passes.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attention/attention.cuh"
+#include "reference.h"
+#include "tile_lists.h"
+#include "variants.cuh"
+
+namespace {
+
+using namespace attention_test;
+using dflex::kernels::AttentionBackwardParams;
+using dflex::kernels::AttentionForwardParams;
+using dflex::kernels::AttentionShape;
+using dflex::kernels::DefaultAttentionConfigs;
+using dflex::kernels::kRowKernelThreads;
+using dflex::kernels::TensorStrides;
+using dflex::kernels::TileList;
+
+#define CUDA_CHECK(expr)                                                                                  \
+  do {                                                                                                    \
+    const cudaError_t status_ = (expr);                                                                   \
+    if (status_ != cudaSuccess) {                                                                         \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(status_)); \
+      std::exit(2);                                                                                       \
+    }                                                                                                     \
+  } while (0)
+
+constexpr double kTolerance = 1e-2;
+
+int ceil_div(long long a, int b) { return static_cast<int>((a + b - 1) / b); }
+
+template <class T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    CUDA_CHECK(cudaMalloc(&data_, std::max<size_t>(count, 1) * sizeof(T)));
+  }
+  ~DeviceBuffer() {
+    const cudaError_t status = cudaFree(data_);
+    if (status != cudaSuccess) std::fprintf(stderr, "cudaFree failed: %s\n", cudaGetErrorString(status));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* get() const { return data_; }
+  void upload(const std::vector<T>& host) {
+    if (host.size() != count_) {
+      std::fprintf(stderr, "upload of %zu elements into a buffer of %zu\n", host.size(), count_);
+      std::exit(2);
+    }
+    CUDA_CHECK(cudaMemcpy(data_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(count_);
+    CUDA_CHECK(cudaMemcpy(host.data(), data_, count_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  // All bits set: NaN in bf16, fp16 and fp32, so an unwritten element fails the check.
+  void poison() { CUDA_CHECK(cudaMemset(data_, 0xFF, std::max<size_t>(count_, 1) * sizeof(T))); }
+
+ private:
+  T* data_ = nullptr;
+  size_t count_;
+};
+
+// ---------------------------------------------------------------------------
+// Elements and layouts
+
+template <class Element>
+Element to_element(float x);
+template <>
+__nv_bfloat16 to_element<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__half to_element<__half>(float x) { return __float2half(x); }
+double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
+double to_double(__half x) { return __half2float(x); }
+template <class Element>
+const char* element_name();
+template <>
+const char* element_name<__nv_bfloat16>() { return "bf16"; }
+template <>
+const char* element_name<__half>() { return "fp16"; }
+
+enum class Layout { kBTHD, kBHTD };
+
+TensorStrides strides_for(Layout layout, int len, int heads, int head_dim) {
+  const long long d = head_dim;
+  if (layout == Layout::kBTHD) return {static_cast<long long>(len) * heads * d, heads * d, d};
+  return {static_cast<long long>(heads) * len * d, d, len * d};
+}
+
+// Host tensors are [B, T, H, D]; the device copy follows `layout`.
+template <class Element>
+std::vector<Element> to_device_order(const std::vector<double>& x, int batch, int len, int heads, int d,
+                                     Layout layout) {
+  std::vector<Element> out(x.size());
+  const TensorStrides s = strides_for(layout, len, heads, d);
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < len; ++t)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < d; ++i)
+          out[b * s.batch + t * s.row + h * s.head + i] =
+              to_element<Element>(static_cast<float>(x[((static_cast<size_t>(b) * len + t) * heads + h) * d + i]));
+  return out;
+}
+
+template <class Element>
+std::vector<double> from_device_order(const std::vector<Element>& x, int batch, int len, int heads, int d,
+                                      Layout layout) {
+  std::vector<double> out(x.size());
+  const TensorStrides s = strides_for(layout, len, heads, d);
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < len; ++t)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < d; ++i)
+          out[((static_cast<size_t>(b) * len + t) * heads + h) * d + i] =
+              to_double(x[b * s.batch + t * s.row + h * s.head + i]);
+  return out;
+}
+
+// Normal random values, already rounded to Element so the reference sees
+// exactly what the kernel sees.
+template <class Element>
+std::vector<double> random_values(size_t count, double stddev, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.f, static_cast<float>(stddev));
+  std::vector<double> out(count);
+  for (auto& x : out) x = to_double(to_element<Element>(normal(rng)));
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Launching
+
+struct DeviceTileList {
+  DeviceBuffer<int> row_offsets;
+  DeviceBuffer<int> entries;
+  TileList view;
+
+  explicit DeviceTileList(const HostTileList& host)
+      : row_offsets(host.row_offsets.size()), entries(std::max<size_t>(host.entries.size(), 1)) {
+    row_offsets.upload(host.row_offsets);
+    std::vector<int> padded = host.entries;
+    if (padded.empty()) padded.push_back(0);
+    entries.upload(padded);
+    view = TileList{row_offsets.get(), entries.get(), host.batches, host.heads, host.row_tiles};
+  }
+};
+
+template <class Config, class Variant>
+void launch_forward(const AttentionForwardParams& params, const Variant& variant) {
+  const auto kernel = dflex::kernels::attention_forward_kernel<Config, Variant>;
+  static bool configured = false;
+  if (!configured) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes));
+    configured = true;
+  }
+  const dim3 grid(ceil_div(params.shape.q_len, Config::kBlockM), params.shape.q_heads, params.shape.batch);
+  kernel<<<grid, Config::kThreads, Config::kSharedBytes>>>(params, variant);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <class Config, class Variant>
+void launch_backward(const AttentionBackwardParams& params, const Variant& variant) {
+  const auto kernel = dflex::kernels::attention_backward_kernel<Config, Variant>;
+  static bool configured = false;
+  if (!configured) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes));
+    configured = true;
+  }
+  const AttentionShape& shape = params.shape;
+  const int row_blocks =
+      ceil_div(static_cast<long long>(shape.batch) * shape.q_heads * shape.q_len, kRowKernelThreads / 32);
+  dflex::kernels::attention_backward_preprocess_kernel<Config><<<row_blocks, kRowKernelThreads>>>(params);
+  CUDA_CHECK(cudaGetLastError());
+  const dim3 grid(ceil_div(shape.kv_len, Config::kBlockN), shape.kv_heads, shape.batch);
+  kernel<<<grid, Config::kThreads, Config::kSharedBytes>>>(params, variant);
+  CUDA_CHECK(cudaGetLastError());
+  dflex::kernels::attention_backward_grad_q_kernel<Config><<<row_blocks, kRowKernelThreads>>>(params);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// Device state of one problem: inputs, outputs, workspace, tile lists, params.
+template <class Element, int kHeadDim>
+struct AttentionRun {
+  using Forward = typename DefaultAttentionConfigs<Element, kHeadDim>::Forward;
+  using Backward = typename DefaultAttentionConfigs<Element, kHeadDim>::Backward;
+
+  Problem problem;
+  Layout layout;
+  DeviceBuffer<Element> q, k, v, grad_o, o, grad_q, grad_k, grad_v;
+  DeviceBuffer<float> lse, grad_q_accum, delta;
+  DeviceTileList forward_list, backward_list;
+  AttentionForwardParams forward_params{};
+  AttentionBackwardParams backward_params{};
+
+  AttentionRun(const Problem& p, Layout layout_, const AttentionInputs& in, const HostTileList& forward_tiles,
+               const HostTileList& backward_tiles)
+      : problem(p),
+        layout(layout_),
+        q(p.q_elements()),
+        k(p.kv_elements()),
+        v(p.kv_elements()),
+        grad_o(p.q_elements()),
+        o(p.q_elements()),
+        grad_q(p.q_elements()),
+        grad_k(p.kv_elements()),
+        grad_v(p.kv_elements()),
+        lse(static_cast<size_t>(p.batch) * p.q_heads * p.q_len),
+        grad_q_accum(p.q_elements()),
+        delta(static_cast<size_t>(p.batch) * p.q_heads * p.q_len),
+        forward_list(forward_tiles),
+        backward_list(backward_tiles) {
+    q.upload(to_device_order<Element>(in.q, p.batch, p.q_len, p.q_heads, kHeadDim, layout));
+    k.upload(to_device_order<Element>(in.k, p.batch, p.kv_len, p.kv_heads, kHeadDim, layout));
+    v.upload(to_device_order<Element>(in.v, p.batch, p.kv_len, p.kv_heads, kHeadDim, layout));
+    grad_o.upload(to_device_order<Element>(in.grad_o, p.batch, p.q_len, p.q_heads, kHeadDim, layout));
+
+    const TensorStrides qs = strides_for(layout, p.q_len, p.q_heads, kHeadDim);
+    const TensorStrides ks = strides_for(layout, p.kv_len, p.kv_heads, kHeadDim);
+    const AttentionShape shape{p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, static_cast<float>(p.scale)};
+    forward_params = AttentionForwardParams{q.get(), k.get(), v.get(), o.get(), lse.get(), qs, ks, ks, qs,
+                                            shape, forward_list.view};
+    backward_params.q = q.get();
+    backward_params.k = k.get();
+    backward_params.v = v.get();
+    backward_params.o = o.get();
+    backward_params.grad_o = grad_o.get();
+    backward_params.lse = lse.get();
+    backward_params.grad_q = grad_q.get();
+    backward_params.grad_k = grad_k.get();
+    backward_params.grad_v = grad_v.get();
+    backward_params.grad_q_accum = grad_q_accum.get();
+    backward_params.delta = delta.get();
+    backward_params.q_strides = qs;
+    backward_params.k_strides = ks;
+    backward_params.v_strides = ks;
+    backward_params.o_strides = qs;
+    backward_params.grad_o_strides = qs;
+    backward_params.grad_q_strides = qs;
+    backward_params.grad_k_strides = ks;
+    backward_params.grad_v_strides = ks;
+    backward_params.shape = shape;
+    backward_params.tiles = backward_list.view;
+  }
+
+  void poison_outputs() {
+    o.poison();
+    lse.poison();
+    grad_q.poison();
+    grad_k.poison();
+    grad_v.poison();
+    grad_q_accum.poison();
+    delta.poison();
+  }
+
+  template <class Variant>
+  void forward(const Variant& variant) {
+    launch_forward<Forward>(forward_params, variant);
+  }
+  template <class Variant>
+  void backward(const Variant& variant) {
+    launch_backward<Backward>(backward_params, variant);
+  }
+
+  AttentionOutputs download() const {
+    const Problem& p = problem;
+    AttentionOutputs out;
+    out.o = from_device_order(o.download(), p.batch, p.q_len, p.q_heads, kHeadDim, layout);
+    const std::vector<float> lse_host = lse.download();
+    out.lse.assign(lse_host.begin(), lse_host.end());
+    out.grad_q = from_device_order(grad_q.download(), p.batch, p.q_len, p.q_heads, kHeadDim, layout);
+    out.grad_k = from_device_order(grad_k.download(), p.batch, p.kv_len, p.kv_heads, kHeadDim, layout);
+    out.grad_v = from_device_order(grad_v.download(), p.batch, p.kv_len, p.kv_heads, kHeadDim, layout);
+    return out;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Correctness
+
+// max |x - ref| / max |ref| over the finite reference entries; any non-finite
+// result where the reference is finite, or a finite one where it is -inf
+// (LSE of a fully masked row), counts as a mismatch.
+struct ErrorStat {
+  double max_error = 0;
+  double max_reference = 0;
+  long long mismatches = 0;
+  double relative() const { return max_reference > 0 ? max_error / max_reference : max_error; }
+  bool ok() const { return mismatches == 0 && relative() <= kTolerance; }
+};
+
+ErrorStat compare(const std::vector<double>& got, const std::vector<double>& want) {
+  ErrorStat stat;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(want[i])) {
+      if (got[i] != want[i]) ++stat.mismatches;
+      continue;
+    }
+    if (!std::isfinite(got[i])) {
+      ++stat.mismatches;
+      continue;
+    }
+    stat.max_error = std::max(stat.max_error, std::abs(got[i] - want[i]));
+    stat.max_reference = std::max(stat.max_reference, std::abs(want[i]));
+  }
+  return stat;
+}
+
+// Rows with reference LSE -inf must have O and dQ exactly zero.
+long long masked_row_violations(const Problem& p, const AttentionOutputs& got, const AttentionOutputs& want) {
+  long long violations = 0;
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.q_heads; ++h)
+      for (int q = 0; q < p.q_len; ++q) {
+        if (std::isfinite(want.lse[(static_cast<size_t>(b) * p.q_heads + h) * p.q_len + q])) continue;
+        const size_t base = p.q_index(b, q, h);
+        for (int i = 0; i < p.head_dim; ++i) {
+          if (got.o[base + i] != 0.0 || got.grad_q[base + i] != 0.0) ++violations;
+        }
+      }
+  return violations;
+}
+
+long long count_fully_masked_rows(const AttentionOutputs& ref) {
+  long long n = 0;
+  for (double x : ref.lse) n += std::isfinite(x) ? 0 : 1;
+  return n;
+}
+
+bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+struct CaseSpec {
+  std::string name;
+  Problem problem;
+  Layout layout = Layout::kBTHD;
+  int list_batches = 1;  // 1: one list shared by all batches
+  int list_heads = 1;    // 1: one list shared by all heads
+  double input_stddev = 1.0;
+  unsigned long long seed = 1;
+};
+
+int g_failures = 0;
+
+template <class Element, int kHeadDim, class Variant>
+void check_case(const CaseSpec& spec, const Variant& host_variant, const Variant& device_variant) {
+  using Run = AttentionRun<Element, kHeadDim>;
+  const Problem& p = spec.problem;
+  std::mt19937_64 rng(spec.seed);
+  AttentionInputs in;
+  in.q = random_values<Element>(p.q_elements(), spec.input_stddev, rng);
+  in.k = random_values<Element>(p.kv_elements(), spec.input_stddev, rng);
+  in.v = random_values<Element>(p.kv_elements(), 1.0, rng);
+  in.grad_o = random_values<Element>(p.q_elements(), 1.0, rng);
+
+  const HostTileList forward_tiles =
+      build_tile_list(host_variant, TileRows::kQuery, spec.list_batches, spec.list_heads, p.q_len, p.kv_len,
+                      Run::Forward::kBlockM, Run::Forward::kBlockN);
+  const HostTileList backward_tiles =
+      build_tile_list(host_variant, TileRows::kKey, spec.list_batches, spec.list_heads, p.q_len, p.kv_len,
+                      Run::Backward::kBlockM, Run::Backward::kBlockN);
+  Run run(p, spec.layout, in, forward_tiles, backward_tiles);
+
+  AttentionOutputs results[2];
+  for (auto& result : results) {
+    run.poison_outputs();
+    run.forward(device_variant);
+    run.backward(device_variant);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    result = run.download();
+  }
+  const AttentionOutputs ref = reference_attention(p, host_variant, in);
+
+  const ErrorStat o = compare(results[0].o, ref.o);
+  const ErrorStat lse = compare(results[0].lse, ref.lse);
+  ErrorStat grad_q = compare(results[0].grad_q, ref.grad_q);
+  const ErrorStat grad_q_again = compare(results[1].grad_q, ref.grad_q);
+  if (grad_q_again.relative() > grad_q.relative() || grad_q_again.mismatches > grad_q.mismatches) grad_q = grad_q_again;
+  const ErrorStat grad_k = compare(results[0].grad_k, ref.grad_k);
+  const ErrorStat grad_v = compare(results[0].grad_v, ref.grad_v);
+  const long long masked_rows = count_fully_masked_rows(ref);
+  const long long violations = masked_row_violations(p, results[0], ref) + masked_row_violations(p, results[1], ref);
+  // dQ sums fp32 atomics in any order; everything else must repeat bit for bit.
+  const bool repeatable = bitwise_equal(results[0].o, results[1].o) && bitwise_equal(results[0].lse, results[1].lse) &&
+                          bitwise_equal(results[0].grad_k, results[1].grad_k) &&
+                          bitwise_equal(results[0].grad_v, results[1].grad_v);
+  const bool pass = o.ok() && lse.ok() && grad_q.ok() && grad_k.ok() && grad_v.ok() && violations == 0 && repeatable;
+  if (!pass) ++g_failures;
+
+  auto cell = [](const ErrorStat& s) {
+    static char text[8][32];
+    static int slot = 0;
+    char* t = text[slot++ % 8];
+    if (s.mismatches > 0) {
+      std::snprintf(t, 32, "%.1e!%lld", s.relative(), s.mismatches);
+    } else {
+      std::snprintf(t, 32, "%.2e", s.relative());
+    }
+    return t;
+  };
+  std::printf("%-28s %-4s %4d %2d %3d/%-2d %5d %5d %-4s %6lld/%-6lld %6lld | %-9s %-9s %-9s %-9s %-9s | %-3s %s\n",
+              spec.name.c_str(), element_name<Element>(), kHeadDim, p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len,
+              spec.layout == Layout::kBTHD ? "bthd" : "bhtd", forward_tiles.full_tiles, forward_tiles.partial_tiles,
+              masked_rows, cell(o), cell(lse), cell(grad_q), cell(grad_k), cell(grad_v), repeatable ? "yes" : "NO",
+              pass ? "PASS" : (violations ? "FAIL (masked rows not zero)" : "FAIL"));
+  std::fflush(stdout);
+}
+
+// DFlash anchors: per batch, `blocks` sorted distinct positions drawn from
+// [first_position, context_len); the last `padded` blocks of the last batch
+// are padding (-1).
+std::vector<int> make_anchors(int batch, int blocks, int first_position, int context_len, int padded,
+                              std::mt19937_64& rng) {
+  std::vector<int> anchors(static_cast<size_t>(batch) * blocks);
+  std::vector<int> positions;
+  for (int i = first_position; i < context_len; ++i) positions.push_back(i);
+  for (int b = 0; b < batch; ++b) {
+    std::shuffle(positions.begin(), positions.end(), rng);
+    std::sort(positions.begin(), positions.begin() + blocks);
+    std::copy(positions.begin(), positions.begin() + blocks, anchors.begin() + static_cast<size_t>(b) * blocks);
+  }
+  for (int i = 0; i < padded; ++i) anchors[static_cast<size_t>(batch) * blocks - 1 - i] = -1;
+  return anchors;
+}
+
+template <class Element, int kHeadDim>
+void check_dflash(const std::string& name, int batch, int q_heads, int kv_heads, int blocks, int context_len,
+                  int padded, unsigned long long seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int> anchors = make_anchors(batch, blocks, 0, context_len, padded, rng);
+  anchors[0] = 0;  // a block that sees no context key, only its own block
+  DeviceBuffer<int> device_anchors(anchors.size());
+  device_anchors.upload(anchors);
+  DFlashVariant host_variant;
+  host_variant.anchors = anchors.data();
+  host_variant.blocks = blocks;
+  host_variant.context_len = context_len;
+  host_variant.block_size = 16;
+  DFlashVariant device_variant = host_variant;
+  device_variant.anchors = device_anchors.get();
+  CaseSpec spec;
+  spec.name = name;
+  spec.problem = Problem{batch, q_heads, kv_heads, blocks * 16, context_len + blocks * 16, kHeadDim,
+                         1.0 / std::sqrt(static_cast<double>(kHeadDim))};
+  spec.list_batches = batch;
+  spec.seed = seed;
+  check_case<Element, kHeadDim>(spec, host_variant, device_variant);
+}
+
+Problem square_problem(int batch, int q_heads, int kv_heads, int q_len, int kv_len, int head_dim) {
+  return Problem{batch, q_heads, kv_heads, q_len, kv_len, head_dim, 1.0 / std::sqrt(static_cast<double>(head_dim))};
+}
+
+void run_checks() {
+  std::printf("Correctness: error = max|x - ref| / max|ref| against a float64 CPU reference; pass <= %.0e.\n"
+              "tiles = forward list full/partial; masked = rows that see no key; '!n' = n non-finite or\n"
+              "misplaced -inf values; det = O, LSE, dK, dV bitwise equal over two runs.\n",
+              kTolerance);
+  std::printf("%-28s %-4s %4s %2s %6s %5s %5s %-4s %13s %6s | %-9s %-9s %-9s %-9s %-9s | %-3s %s\n", "case", "type",
+              "D", "B", "Hq/Hkv", "Tq", "Tk", "lay", "tiles f/p", "masked", "O", "LSE", "dQ", "dK", "dV", "det",
+              "result");
+  {
+    CaseSpec spec{"causal", square_problem(2, 4, 4, 1000, 1000, 64)};
+    check_case<__nv_bfloat16, 64>(spec, CausalVariant{}, CausalVariant{});
+  }
+  {
+    CaseSpec spec{"causal odd gqa4", square_problem(1, 8, 2, 777, 777, 128)};
+    spec.seed = 2;
+    check_case<__nv_bfloat16, 128>(spec, CausalVariant{}, CausalVariant{});
+  }
+  {
+    CaseSpec spec{"dense q!=kv gqa4", square_problem(1, 4, 1, 333, 1001, 128)};
+    spec.seed = 3;
+    check_case<__nv_bfloat16, 128>(spec, DenseVariant{}, DenseVariant{});
+  }
+  check_dflash<__nv_bfloat16, 128>("dflash gqa4 padded", 2, 8, 2, 48, 700, 5, 4);
+  check_dflash<__nv_bfloat16, 256>("dflash gqa8", 1, 8, 1, 20, 300, 0, 5);
+  check_dflash<__nv_bfloat16, 64>("dflash gqa1", 2, 2, 2, 30, 517, 3, 6);
+  {
+    CaseSpec spec{"softcap causal gqa8", square_problem(1, 8, 1, 600, 600, 128)};
+    spec.problem.scale = 0.5;  // large scores so that the cap bites
+    spec.seed = 7;
+    check_case<__nv_bfloat16, 128>(spec, SoftcapCausalVariant{20.f}, SoftcapCausalVariant{20.f});
+  }
+  {
+    CaseSpec spec{"softcap causal d256", square_problem(1, 2, 2, 300, 300, 256)};
+    spec.problem.scale = 0.25;
+    spec.seed = 8;
+    check_case<__nv_bfloat16, 256>(spec, SoftcapCausalVariant{15.f}, SoftcapCausalVariant{15.f});
+  }
+  {
+    CaseSpec spec{"window(h) per-head list", square_problem(1, 4, 2, 1000, 1000, 256)};
+    spec.list_heads = 4;
+    spec.seed = 9;
+    const HeadWindowVariant variant{IdentityScore{}, 100, 90};
+    check_case<__nv_bfloat16, 256>(spec, variant, variant);
+  }
+  {
+    CaseSpec spec{"window(h) d64 per-head", square_problem(2, 4, 1, 1000, 1000, 64)};
+    spec.list_heads = 4;
+    spec.seed = 10;
+    const HeadWindowVariant variant{IdentityScore{}, 64, 150};
+    check_case<__nv_bfloat16, 64>(spec, variant, variant);
+  }
+  {
+    CaseSpec spec{"holes (masked rows) gqa4", square_problem(1, 8, 2, 333, 517, 64)};
+    spec.seed = 11;
+    check_case<__nv_bfloat16, 64>(spec, HolesVariant{}, HolesVariant{});
+  }
+  {
+    const std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+    DeviceBuffer<float> device_slopes(slopes.size());
+    device_slopes.upload(slopes);
+    CaseSpec spec{"alibi causal bhtd", square_problem(2, 4, 4, 500, 500, 128)};
+    spec.layout = Layout::kBHTD;
+    spec.seed = 12;
+    check_case<__half, 128>(spec, AlibiCausalVariant{slopes.data()}, AlibiCausalVariant{device_slopes.get()});
+  }
+  {
+    CaseSpec spec{"causal fp16 bhtd gqa2", square_problem(1, 4, 2, 640, 640, 256)};
+    spec.layout = Layout::kBHTD;
+    spec.seed = 13;
+    check_case<__half, 256>(spec, CausalVariant{}, CausalVariant{});
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Reference self-test: analytic gradients of L = sum(O * dO) against central
+// differences of the reference forward.
+
+template <class Variant>
+double reference_gradient_error(const Problem& p, const Variant& variant, unsigned long long seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  AttentionInputs in;
+  for (auto* x : {&in.q, &in.grad_o}) {
+    x->resize(p.q_elements());
+    for (auto& e : *x) e = normal(rng);
+  }
+  for (auto* x : {&in.k, &in.v}) {
+    x->resize(p.kv_elements());
+    for (auto& e : *x) e = normal(rng);
+  }
+  const AttentionOutputs analytic = reference_attention(p, variant, in);
+  auto loss = [&](const AttentionInputs& x) {
+    const AttentionOutputs out = reference_attention(p, variant, x, false);
+    double l = 0;
+    for (size_t i = 0; i < out.o.size(); ++i) l += out.o[i] * x.grad_o[i];
+    return l;
+  };
+  double worst = 0;
+  const double step = 1e-3;
+  struct Target {
+    std::vector<double> AttentionInputs::*input;
+    const std::vector<double>* gradient;
+  };
+  const Target targets[] = {{&AttentionInputs::q, &analytic.grad_q},
+                            {&AttentionInputs::k, &analytic.grad_k},
+                            {&AttentionInputs::v, &analytic.grad_v}};
+  for (const Target& target : targets) {
+    const std::vector<double>& gradient = *target.gradient;
+    double scale = 0;
+    for (double g : gradient) scale = std::max(scale, std::abs(g));
+    for (size_t i = 0; i < gradient.size(); i += 7) {
+      AttentionInputs plus = in, minus = in;
+      (plus.*target.input)[i] += step;
+      (minus.*target.input)[i] -= step;
+      const double numeric = (loss(plus) - loss(minus)) / (2 * step);
+      worst = std::max(worst, std::abs(numeric - gradient[i]) / scale);
+    }
+  }
+  return worst;
+}
+
+void run_self_test() {
+  const Problem p{1, 4, 2, 23, 29, 8, 0.7};
+  const double softcap = reference_gradient_error(p, SoftcapCausalVariant{2.f}, 21);
+  const double holes = reference_gradient_error(p, HolesVariant{}, 22);
+  // The score_mod runs in float: ~1e-7 relative noise over a 1e-3 step. A wrong
+  // formula shows up as errors of order 1e-1 and more.
+  const double bound = 2e-3;
+  const bool pass = softcap <= bound && holes <= bound;
+  std::printf("Reference self-test (central differences, max error / max |grad|): softcap %.2e, holes %.2e: %s\n",
+              softcap, holes, pass ? "PASS" : "FAIL");
+  if (!pass) ++g_failures;
+}
+
+// ---------------------------------------------------------------------------
+// Timing
+
+template <class Variant>
+long long count_visible_pairs(const Variant& variant, int batches, int heads, int q_len, int kv_len) {
+  const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<long long> partial(workers, 0);
+  std::vector<std::thread> threads;
+  for (unsigned w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (long long row = w; row < static_cast<long long>(batches) * heads * q_len; row += workers) {
+        const int q = static_cast<int>(row % q_len);
+        const int h = static_cast<int>((row / q_len) % heads);
+        const int b = static_cast<int>(row / (static_cast<long long>(q_len) * heads));
+        for (int kv = 0; kv < kv_len; ++kv) partial[w] += variant.mask(b, h, q, kv) ? 1 : 0;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  long long total = 0;
+  for (long long x : partial) total += x;
+  return total;
+}
+
+float median(std::vector<float> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
+template <class Element, int kHeadDim, class Variant>
+void time_case(const std::string& name, const Problem& p, int list_batches, const Variant& host_variant,
+               const Variant& device_variant) {
+  using Run = AttentionRun<Element, kHeadDim>;
+  const auto build_start = std::chrono::steady_clock::now();
+  const HostTileList forward_tiles = build_tile_list(host_variant, TileRows::kQuery, list_batches, 1, p.q_len,
+                                                     p.kv_len, Run::Forward::kBlockM, Run::Forward::kBlockN);
+  const HostTileList backward_tiles = build_tile_list(host_variant, TileRows::kKey, list_batches, 1, p.q_len,
+                                                      p.kv_len, Run::Backward::kBlockM, Run::Backward::kBlockN);
+  const double build_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - build_start).count();
+  const long long pairs = count_visible_pairs(host_variant, list_batches, 1, p.q_len, p.kv_len) *
+                          (p.batch / list_batches) * p.q_heads;
+
+  std::mt19937_64 rng(99);
+  AttentionInputs in;
+  in.q = random_values<Element>(p.q_elements(), 1.0, rng);
+  in.k = random_values<Element>(p.kv_elements(), 1.0, rng);
+  in.v = random_values<Element>(p.kv_elements(), 1.0, rng);
+  in.grad_o = random_values<Element>(p.q_elements(), 1.0, rng);
+  Run run(p, Layout::kBTHD, in, forward_tiles, backward_tiles);
+
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  auto time_ms = [&](auto&& body) {
+    CUDA_CHECK(cudaEventRecord(start));
+    body();
+    CUDA_CHECK(cudaEventRecord(stop));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms;
+  };
+  for (int i = 0; i < 5; ++i) {
+    run.forward(device_variant);
+    run.backward(device_variant);
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const int kRepeats = 20;
+  std::vector<float> forward_ms, backward_ms, total_ms;
+  for (int i = 0; i < kRepeats; ++i) forward_ms.push_back(time_ms([&] { run.forward(device_variant); }));
+  for (int i = 0; i < kRepeats; ++i) backward_ms.push_back(time_ms([&] { run.backward(device_variant); }));
+  for (int i = 0; i < kRepeats; ++i) {
+    total_ms.push_back(time_ms([&] {
+      run.forward(device_variant);
+      run.backward(device_variant);
+    }));
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+
+  const double fwd = median(forward_ms), bwd = median(backward_ms), total = median(total_ms);
+  const double flop_fwd = 4.0 * kHeadDim * static_cast<double>(pairs);
+  const double visible_fraction =
+      static_cast<double>(pairs) / (static_cast<double>(p.batch) * p.q_heads * p.q_len * p.kv_len);
+  const double empty_fraction =
+      1.0 - static_cast<double>(forward_tiles.full_tiles + forward_tiles.partial_tiles) / forward_tiles.all_tiles;
+  std::printf("%-22s B=%d Hq/Hkv=%d/%d Tq=%d Tk=%d D=%d: visible %.1f%%, fwd tiles %.1f%% empty (%lld full, %lld "
+              "partial); host lists %.0f ms\n",
+              name.c_str(), p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, kHeadDim, 100 * visible_fraction,
+              100 * empty_fraction, forward_tiles.full_tiles, forward_tiles.partial_tiles, build_ms);
+  std::printf("%-22s fwd %.3f ms (%.0f useful TFLOP/s) | bwd %.3f ms | fwd+bwd %.3f ms (%.0f useful TFLOP/s)\n",
+              name.c_str(), fwd, flop_fwd / fwd * 1e-9, bwd, total, 3.5 * flop_fwd / total * 1e-9);
+  std::fflush(stdout);
+}
+
+void run_timing() {
+  std::printf("Timing: medians of 20 runs after 5 warm-ups (CUDA events); useful FLOP count only visible pairs\n"
+              "(4*Hq*D per pair forward, 3.5x that forward+backward).\n");
+  {
+    const int blocks = 512, context_len = 8192;
+    std::mt19937_64 rng(2024);
+    const std::vector<int> anchors = make_anchors(1, blocks, 1, context_len, 0, rng);
+    DeviceBuffer<int> device_anchors(anchors.size());
+    device_anchors.upload(anchors);
+    DFlashVariant host_variant;
+    host_variant.anchors = anchors.data();
+    host_variant.blocks = blocks;
+    host_variant.context_len = context_len;
+    host_variant.block_size = 16;
+    DFlashVariant device_variant = host_variant;
+    device_variant.anchors = device_anchors.get();
+    const Problem p{1, 32, 8, blocks * 16, context_len + blocks * 16, 128, 1.0 / std::sqrt(128.0)};
+    time_case<__nv_bfloat16, 128>("dflash 512x16 ctx 8192", p, 1, host_variant, device_variant);
+  }
+  {
+    const Problem p{1, 32, 8, 8192, 8192, 128, 1.0 / std::sqrt(128.0)};
+    time_case<__nv_bfloat16, 128>("causal 8192", p, 1, CausalVariant{}, CausalVariant{});
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool self_test = argc == 1, check = argc == 1, timing = argc == 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--self-test") {
+      self_test = true;
+    } else if (arg == "--check") {
+      check = true;
+    } else if (arg == "--time") {
+      timing = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--self-test] [--check] [--time]   (no argument: all three)\n", argv[0]);
+      return 2;
+    }
+  }
+  if (self_test) run_self_test();
+  if (check || timing) {
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    cudaDeviceProp properties{};
+    CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+    std::printf("Device: %s, sm_%d%d, %d SMs\n", properties.name, properties.major, properties.minor,
+                properties.multiProcessorCount);
+  }
+  if (check) run_checks();
+  if (timing) run_timing();
+  if (g_failures > 0) {
+    std::printf("%d check(s) FAILED\n", g_failures);
+    return 1;
+  }
+  std::printf("all checks passed\n");
+  return 0;
+}

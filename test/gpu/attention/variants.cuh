@@ -1,0 +1,87 @@
+// Hand-written variants standing in for generated ones: the same contract as
+// kernels/attention/variant.cuh, made __host__ __device__ so the host tile-list
+// builder and the float64 reference evaluate exactly the same functions.
+// Captures are pointers: host copies point at host arrays, device copies at
+// device arrays.
+#pragma once
+
+#include <cmath>
+
+namespace attention_test {
+
+using i64 = long long;
+
+// Shared by the variants without a score modification.
+struct IdentityScore {
+  static constexpr bool kHasScoreMod = false;
+  __host__ __device__ float score_mod(float s, i64, i64, i64, i64) const { return s; }
+  __host__ __device__ float score_mod_grad(float, i64, i64, i64, i64) const { return 1.f; }
+};
+
+struct CausalVariant : IdentityScore {
+  __host__ __device__ bool mask(i64, i64, i64 q, i64 kv) const { return kv <= q; }
+};
+
+// Every pair visible: all tiles full, only the sequence ends are checked.
+struct DenseVariant : IdentityScore {
+  __host__ __device__ bool mask(i64, i64, i64, i64) const { return true; }
+};
+
+// DFlash training mask. Queries come in blocks of block_size; block i of
+// batch b has anchor anchors[b * blocks + i] (-1: padding block). Keys are
+// [context_len context tokens ; blocks * block_size block tokens]. A query
+// sees context keys strictly before its anchor and every key of its own block.
+struct DFlashVariant : IdentityScore {
+  const int* anchors;
+  int blocks;
+  int context_len;
+  int block_size;
+  __host__ __device__ bool mask(i64 b, i64, i64 q, i64 kv) const {
+    const i64 block = q / block_size;
+    const int anchor = anchors[b * blocks + block];
+    if (anchor < 0) return false;
+    if (kv < context_len) return kv < anchor;
+    return (kv - context_len) / block_size == block;
+  }
+};
+
+// Causal sliding window whose width depends on the head (exercises per-head
+// tile lists): query q sees kv in (q - window(h), q].
+struct HeadWindowVariant : IdentityScore {
+  int base_window;
+  int window_step;
+  __host__ __device__ bool mask(i64, i64 h, i64 q, i64 kv) const {
+    return kv <= q && q - kv < base_window + window_step * h;
+  }
+};
+
+// Rows q % 7 == 3 see nothing (fully masked rows), keys kv % 3 == 1 are
+// hidden from everyone; no causality.
+struct HolesVariant : IdentityScore {
+  __host__ __device__ bool mask(i64, i64, i64 q, i64 kv) const { return q % 7 != 3 && kv % 3 != 1; }
+};
+
+// Causal mask with tanh soft-capping of the scores.
+struct SoftcapCausalVariant {
+  static constexpr bool kHasScoreMod = true;
+  float cap;
+  __host__ __device__ bool mask(i64, i64, i64 q, i64 kv) const { return kv <= q; }
+  __host__ __device__ float score_mod(float s, i64, i64, i64, i64) const { return cap * tanhf(s / cap); }
+  __host__ __device__ float score_mod_grad(float s, i64, i64, i64, i64) const {
+    const float t = tanhf(s / cap);
+    return 1.f - t * t;
+  }
+};
+
+// Causal mask with an ALiBi bias read from a captured per-head slope array.
+struct AlibiCausalVariant {
+  static constexpr bool kHasScoreMod = true;
+  const float* slopes;
+  __host__ __device__ bool mask(i64, i64, i64 q, i64 kv) const { return kv <= q; }
+  __host__ __device__ float score_mod(float s, i64, i64 h, i64 q, i64 kv) const {
+    return s - slopes[h] * static_cast<float>(q - kv);
+  }
+  __host__ __device__ float score_mod_grad(float, i64, i64, i64, i64) const { return 1.f; }
+};
+
+}  // namespace attention_test
