@@ -215,7 +215,7 @@ INSTANTIATE_TEST_SUITE_P(
         Damage{"WrongKey",
                [](std::string &b, const std::string &other) { b = other; },
                "header holds key "}),
-    [](const auto &info) { return std::string(info.param.name); });
+    [](const auto &testInfo) { return std::string(testInfo.param.name); });
 
 TEST_F(KernelCacheTest, LookupQuarantinesCorruptEntry) {
   std::string key = testKey("lookup");
