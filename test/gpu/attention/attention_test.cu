@@ -363,10 +363,12 @@ struct CaseSpec {
 };
 
 int g_failures = 0;
+std::string g_filter;  // run only the cases whose name contains it
 
 template <class Element, int kHeadDim, class Variant>
 void check_case(const CaseSpec& spec, const Variant& host_variant, const Variant& device_variant) {
   using Run = AttentionRun<Element, kHeadDim>;
+  if (spec.name.find(g_filter) == std::string::npos) return;
   const Problem& p = spec.problem;
   std::mt19937_64 rng(spec.seed);
   AttentionInputs in;
@@ -731,7 +733,7 @@ void run_timing() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool self_test = argc == 1, check = argc == 1, timing = argc == 1;
+  bool self_test = false, check = false, timing = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--self-test") {
@@ -740,11 +742,16 @@ int main(int argc, char** argv) {
       check = true;
     } else if (arg == "--time") {
       timing = true;
+    } else if (arg == "--filter" && i + 1 < argc) {
+      g_filter = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--self-test] [--check] [--time]   (no argument: all three)\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--self-test] [--check [--filter NAME_PART]] [--time]   (no mode: all three)\n",
+                   argv[0]);
       return 2;
     }
   }
+  if (!self_test && !check && !timing) self_test = check = timing = true;
   if (self_test) run_self_test();
   if (check || timing) {
     int device = 0;
