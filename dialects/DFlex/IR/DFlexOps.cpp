@@ -6,7 +6,7 @@
 #include "mlir/IR/DialectImplementation.h"
 #include "mlir/IR/Matchers.h"
 #include "llvm/ADT/STLExtras.h"
-#include "llvm/ADT/SmallPtrSet.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <cmath>
@@ -195,6 +195,15 @@ static LogicalResult verifyBodyOp(BodyOpInterface op) {
     StringRef name = op.getCaptureName(i);
     if (!seenNames.insert(name).second)
       return emitError(capture.getLoc()) << "duplicate capture '" << name << "'";
+    if (llvm::is_contained(kLeadingArgumentNames, name))
+      return emitError(capture.getLoc())
+             << "capture name '" << name
+             << "' is reserved for a leading argument (score, b, h, q_idx, "
+                "kv_idx)";
+    if (name.empty() || !(llvm::isAlpha(name.front()) || name.front() == '_'))
+      return emitError(capture.getLoc())
+             << "capture name '" << name
+             << "' must start with a letter or '_': captures are bound by name";
     if (!isValidCaptureType(capture.getType()))
       return emitError(capture.getLoc())
              << "capture '" << name << "' has type " << capture.getType()
@@ -408,27 +417,42 @@ LogicalResult DimOp::verify() {
 // CallOp
 //===----------------------------------------------------------------------===//
 
-/// Finds a chain of calls from `from` back to `target`; fills `path` with the
-/// callees on the way.
-static bool reachesThroughCalls(BodyOpInterface from, Operation *target,
-                                SymbolTableCollection &symbolTable,
-                                llvm::SmallPtrSetImpl<Operation *> &visited,
-                                SmallVectorImpl<StringRef> &path) {
-  if (!visited.insert(from).second)
-    return false;
-  WalkResult result = from->walk([&](CallOp call) {
-    auto callee = symbolTable.lookupNearestSymbolFrom<BodyOpInterface>(
-        call, call.getCalleeAttr());
-    if (!callee)
+/// Searches, breadth first, for a chain of calls from `from` back to
+/// `target`; returns the callee names along the shortest one (ending with
+/// `target`'s), or nothing. Iterative: long call chains cannot overflow the
+/// stack.
+static std::optional<SmallVector<StringRef>>
+findCallChain(BodyOpInterface from, Operation *target,
+              SymbolTableCollection &symbolTable) {
+  // For each reached body: the body it was called from and the callee name.
+  llvm::DenseMap<Operation *, std::pair<Operation *, StringRef>> reachedFrom;
+  reachedFrom[from] = {nullptr, StringRef()};
+  SmallVector<Operation *> queue{from};
+  for (size_t next = 0; next < queue.size(); ++next) {
+    Operation *current = queue[next];
+    Operation *found = nullptr;
+    current->walk([&](CallOp call) {
+      auto callee = symbolTable.lookupNearestSymbolFrom<BodyOpInterface>(
+          call, call.getCalleeAttr());
+      if (!callee || reachedFrom.count(callee))
+        return WalkResult::advance();
+      reachedFrom[callee] = {current, call.getCallee()};
+      if (callee.getOperation() == target) {
+        found = callee;
+        return WalkResult::interrupt();
+      }
+      queue.push_back(callee);
       return WalkResult::advance();
-    path.push_back(call.getCallee());
-    if (callee.getOperation() == target ||
-        reachesThroughCalls(callee, target, symbolTable, visited, path))
-      return WalkResult::interrupt();
-    path.pop_back();
-    return WalkResult::advance();
-  });
-  return result.wasInterrupted();
+    });
+    if (!found)
+      continue;
+    SmallVector<StringRef> chain;
+    for (Operation *op = found; op != from; op = reachedFrom[op].first)
+      chain.push_back(reachedFrom[op].second);
+    std::reverse(chain.begin(), chain.end());
+    return chain;
+  }
+  return std::nullopt;
 }
 
 LogicalResult CallOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
@@ -460,17 +484,19 @@ LogicalResult CallOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
            << callee.getYieldType();
 
   auto caller = (*this)->getParentOfType<BodyOpInterface>();
-  llvm::SmallPtrSet<Operation *, 8> visited;
-  SmallVector<StringRef> path{getCallee()};
-  if (callee.getOperation() == caller.getOperation() ||
-      reachesThroughCalls(callee, caller, symbolTable, visited, path)) {
-    std::string chain;
-    for (StringRef name : path)
-      chain += " -> @" + name.str();
-    return emitOpError("makes a recursive call: @")
-           << SymbolTable::getSymbolName(caller).getValue() << chain;
-  }
-  return success();
+  std::optional<SmallVector<StringRef>> cycle;
+  if (callee.getOperation() == caller.getOperation())
+    cycle.emplace();
+  else
+    cycle = findCallChain(callee, caller, symbolTable);
+  if (!cycle)
+    return success();
+  InFlightDiagnostic diag = emitOpError("makes a recursive call: @")
+                            << SymbolTable::getSymbolName(caller).getValue()
+                            << " -> @" << getCallee();
+  for (StringRef name : *cycle)
+    diag << " -> @" << name;
+  return diag;
 }
 
 //===----------------------------------------------------------------------===//

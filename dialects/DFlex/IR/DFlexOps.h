@@ -21,6 +21,9 @@
 
 namespace mlir::dflex {
 
+/// The most operations a body may hold once its calls are inlined.
+constexpr size_t kMaxInlinedOperations = 1 << 20;
+
 /// Whether `type` may be the type of a value computed in a mask or score_mod
 /// body: index, i1/i8/i16/i32/i64, f16, bf16, f32.
 bool isSupportedBodyType(Type type);

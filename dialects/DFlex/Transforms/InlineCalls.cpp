@@ -35,6 +35,11 @@ LogicalResult mlir::dflex::inlineCalls(BodyOpInterface op) {
     OpBuilder builder(call);
     for (Operation &inner : callee.getBodyBlock().without_terminator())
       builder.clone(inner, mapping);
+    if (op.getBodyBlock().getOperations().size() +
+            callee.getBodyBlock().getOperations().size() >
+        kMaxInlinedOperations)
+      return call.emitOpError("makes the body larger than ")
+             << kMaxInlinedOperations << " operations once calls are inlined";
     auto yield = cast<YieldOp>(callee.getBodyBlock().getTerminator());
     call.replaceAllUsesWith(mapping.lookup(yield.getValue()));
     call.erase();

@@ -1,0 +1,35 @@
+// The DFlash training mask and the attention of a DFlash drafter layer.
+//
+// Queries are the drafter's blocks: block i holds queries [16 i, 16 i + 16)
+// (the token at anchor i followed by 15 mask tokens). Keys are the context
+// followed by the blocks: kv < ctx_len is context position kv, kv >= ctx_len
+// is block token kv - ctx_len. Block i sees the context strictly before its
+// anchor and its own block (bidirectionally), nothing else. anchors[b, i] is
+// the anchor position of block i, or -1 for a padded block; a padded block,
+// and a block past the end of anchors, sees nothing.
+
+dflex.mask @dflash(%b: index, %h: index, %q_idx: index, %kv_idx: index)
+    captures(%anchors: tensor<?x?xi32>, %ctx_len: index) attributes {block_size = 16 : i64} {
+  %c0 = arith.constant 0 : index
+  %block_size = arith.constant 16 : index
+  %block = arith.divui %q_idx, %block_size : index
+  %anchor32 = dflex.read %anchors[%b, %block] padding -1 : tensor<?x?xi32>
+  %anchor = arith.index_cast %anchor32 : i32 to index
+  %real_block = arith.cmpi sge, %anchor, %c0 : index
+  // Context keys strictly before the anchor.
+  %is_context = arith.cmpi ult, %kv_idx, %ctx_len : index
+  %before_anchor = arith.cmpi slt, %kv_idx, %anchor : index
+  %sees_context = arith.andi %is_context, %before_anchor : i1
+  // Block keys of the query's own block.
+  %is_block = arith.cmpi uge, %kv_idx, %ctx_len : index
+  %block_pos = arith.subi %kv_idx, %ctx_len : index
+  %kv_block = arith.divui %block_pos, %block_size : index
+  %own_block = arith.cmpi eq, %kv_block, %block : index
+  %sees_block = arith.andi %is_block, %own_block : i1
+  %sees = arith.ori %sees_context, %sees_block : i1
+  %visible = arith.andi %sees, %real_block : i1
+  dflex.yield %visible : i1
+}
+
+// A drafter layer: 32 query heads, 8 key/value heads, head_dim 128, bf16.
+dflex.attention @drafter_attention mask @dflash heads(32, 8) head_dim(128, 128) : bf16

@@ -1,0 +1,334 @@
+//===- Semantics.h - exact semantics of dflex body operations ---*- C++ -*-===//
+//
+// One definition of every arith/math operation a mask or score_mod body may
+// use, shared by the CPU interpreter and by the CUDA code that codegen emits
+// (this header is handed to NVRTC as is). Nothing here is undefined:
+//  - integers of width W (1, 8, 16, 32, 64; index is 64) wrap modulo 2^W and
+//    are stored sign-extended in a long long;
+//  - x / 0 == 0 and x % 0 == 0 for every division and remainder;
+//  - shifts by W or more give 0 (shli, shrui) or the sign (shrsi);
+//  - float -> integer conversions saturate, NaN converts to 0;
+//  - f16 and bf16 operations compute in f32 and round to nearest even.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLEX_EXPR_SEMANTICS_H
+#define DFLEX_EXPR_SEMANTICS_H
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define DFLEX_SEM_FN __host__ __device__ __forceinline__
+#else
+#define DFLEX_SEM_FN inline
+#include <cmath>
+#include <cstring>
+#endif
+
+namespace dflex {
+namespace sem {
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+//===--- Integers ----------------------------------------------------------===//
+
+DFLEX_SEM_FN u64 lowMask(int width) {
+  return width >= 64 ? ~0ull : ((1ull << width) - 1ull);
+}
+/// The value of the low `width` bits of `v`, sign-extended.
+DFLEX_SEM_FN i64 wrap(u64 v, int width) {
+  if (width >= 64)
+    return (i64)v;
+  u64 low = v & lowMask(width);
+  u64 sign = 1ull << (width - 1);
+  return (i64)((low ^ sign) - sign);
+}
+DFLEX_SEM_FN u64 asUnsigned(i64 v, int width) { return (u64)v & lowMask(width); }
+DFLEX_SEM_FN i64 minSigned(int width) { return wrap(1ull << (width - 1), width); }
+
+DFLEX_SEM_FN i64 addi(i64 a, i64 b, int w) { return wrap((u64)a + (u64)b, w); }
+DFLEX_SEM_FN i64 subi(i64 a, i64 b, int w) { return wrap((u64)a - (u64)b, w); }
+DFLEX_SEM_FN i64 muli(i64 a, i64 b, int w) { return wrap((u64)a * (u64)b, w); }
+DFLEX_SEM_FN i64 andi(i64 a, i64 b, int w) { return wrap((u64)a & (u64)b, w); }
+DFLEX_SEM_FN i64 ori(i64 a, i64 b, int w) { return wrap((u64)a | (u64)b, w); }
+DFLEX_SEM_FN i64 xori(i64 a, i64 b, int w) { return wrap((u64)a ^ (u64)b, w); }
+
+DFLEX_SEM_FN i64 divsi(i64 a, i64 b, int w) {
+  if (b == 0)
+    return 0;
+  if (b == -1)
+    return subi(0, a, w); // wraps for the minimum value
+  return wrap((u64)(a / b), w);
+}
+DFLEX_SEM_FN i64 remsi(i64 a, i64 b, int w) {
+  if (b == 0 || b == -1)
+    return 0;
+  return wrap((u64)(a % b), w);
+}
+DFLEX_SEM_FN i64 divui(i64 a, i64 b, int w) {
+  u64 ub = asUnsigned(b, w);
+  return ub == 0 ? 0 : wrap(asUnsigned(a, w) / ub, w);
+}
+DFLEX_SEM_FN i64 remui(i64 a, i64 b, int w) {
+  u64 ub = asUnsigned(b, w);
+  return ub == 0 ? 0 : wrap(asUnsigned(a, w) % ub, w);
+}
+DFLEX_SEM_FN i64 floordivsi(i64 a, i64 b, int w) {
+  i64 q = divsi(a, b, w);
+  if (b != 0 && b != -1 && (a % b) != 0 && ((a < 0) != (b < 0)))
+    q = subi(q, 1, w);
+  return q;
+}
+DFLEX_SEM_FN i64 ceildivsi(i64 a, i64 b, int w) {
+  i64 q = divsi(a, b, w);
+  if (b != 0 && b != -1 && (a % b) != 0 && ((a < 0) == (b < 0)))
+    q = addi(q, 1, w);
+  return q;
+}
+DFLEX_SEM_FN i64 ceildivui(i64 a, i64 b, int w) {
+  u64 ua = asUnsigned(a, w), ub = asUnsigned(b, w);
+  if (ub == 0)
+    return 0;
+  return wrap(ua / ub + (ua % ub != 0 ? 1 : 0), w);
+}
+DFLEX_SEM_FN i64 maxsi(i64 a, i64 b) { return a > b ? a : b; }
+DFLEX_SEM_FN i64 minsi(i64 a, i64 b) { return a < b ? a : b; }
+DFLEX_SEM_FN i64 maxui(i64 a, i64 b, int w) {
+  return asUnsigned(a, w) > asUnsigned(b, w) ? a : b;
+}
+DFLEX_SEM_FN i64 minui(i64 a, i64 b, int w) {
+  return asUnsigned(a, w) < asUnsigned(b, w) ? a : b;
+}
+DFLEX_SEM_FN i64 shli(i64 a, i64 b, int w) {
+  u64 shift = asUnsigned(b, w);
+  return shift >= (u64)w ? 0 : wrap((u64)a << shift, w);
+}
+DFLEX_SEM_FN i64 shrui(i64 a, i64 b, int w) {
+  u64 shift = asUnsigned(b, w);
+  return shift >= (u64)w ? 0 : wrap(asUnsigned(a, w) >> shift, w);
+}
+DFLEX_SEM_FN i64 shrsi(i64 a, i64 b, int w) {
+  u64 shift = asUnsigned(b, w);
+  if (shift >= (u64)w)
+    return a < 0 ? -1 : 0;
+  return a >> shift; // arithmetic on the sign-extended value
+}
+DFLEX_SEM_FN i64 absi(i64 a, int w) { return a < 0 ? subi(0, a, w) : a; }
+
+/// Predicates numbered as arith.cmpi's.
+enum CmpIPredicate { EQ = 0, NE, SLT, SLE, SGT, SGE, ULT, ULE, UGT, UGE };
+DFLEX_SEM_FN bool cmpi(int predicate, i64 a, i64 b, int w) {
+  u64 ua = asUnsigned(a, w), ub = asUnsigned(b, w);
+  switch (predicate) {
+  case EQ: return a == b;
+  case NE: return a != b;
+  case SLT: return a < b;
+  case SLE: return a <= b;
+  case SGT: return a > b;
+  case SGE: return a >= b;
+  case ULT: return ua < ub;
+  case ULE: return ua <= ub;
+  case UGT: return ua > ub;
+  default: return ua >= ub;
+  }
+}
+/// i1 values are 0 (false) or -1 (true), as any sign-extended i1.
+DFLEX_SEM_FN i64 fromBool(bool b) { return b ? -1 : 0; }
+
+//===--- Floats ------------------------------------------------------------===//
+
+DFLEX_SEM_FN unsigned floatBits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  unsigned u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+DFLEX_SEM_FN float bitsFloat(unsigned u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+DFLEX_SEM_FN bool isNaN(float f) { return (floatBits(f) & 0x7fffffffu) > 0x7f800000u; }
+
+/// Rounds to the nearest bf16 value (ties to even), as a float.
+DFLEX_SEM_FN float roundBF16(float f) {
+  unsigned u = floatBits(f);
+  if (isNaN(f))
+    return bitsFloat((u | 0x00400000u) & 0xffff0000u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bitsFloat(u & 0xffff0000u);
+}
+
+/// Rounds to the nearest f16 value (ties to even, overflow to infinity), as a float.
+DFLEX_SEM_FN float roundF16(float f) {
+  if (isNaN(f))
+    return f;
+  unsigned u = floatBits(f);
+  unsigned sign = u & 0x80000000u;
+  unsigned magnitude = u & 0x7fffffffu;
+  if (magnitude >= 0x477ff000u) // rounds to >= 65520: infinity
+    return bitsFloat(sign | 0x7f800000u);
+  if (magnitude < 0x38800000u) { // below 2^-14: f16 subnormal, step 2^-24
+    float scaled = bitsFloat(magnitude) * 16777216.0f; // exact
+    // Round to an integer, ties to even, with the 2^23 trick.
+    float rounded = (scaled + 8388608.0f) - 8388608.0f;
+    return bitsFloat(sign | floatBits(rounded / 16777216.0f));
+  }
+  // Normal: keep 10 of the 23 mantissa bits.
+  magnitude += 0xfffu + ((magnitude >> 13) & 1u);
+  return bitsFloat(sign | (magnitude & 0xffffe000u));
+}
+
+/// Float kinds: the type a float value is rounded to.
+enum FloatKind { F32 = 0, F16 = 1, BF16 = 2 };
+DFLEX_SEM_FN float roundTo(float f, int kind) {
+  return kind == BF16 ? roundBF16(f) : kind == F16 ? roundF16(f) : f;
+}
+
+/// Predicates numbered as arith.cmpf's.
+enum CmpFPredicate { AlwaysFalse = 0, OEQ, OGT, OGE, OLT, OLE, ONE, ORD, UEQ, UGT_F, UGE_F, ULT_F, ULE_F, UNE, UNO, AlwaysTrue };
+DFLEX_SEM_FN bool cmpf(int predicate, float a, float b) {
+  bool unordered = isNaN(a) || isNaN(b);
+  switch (predicate) {
+  case AlwaysFalse: return false;
+  case OEQ: return !unordered && a == b;
+  case OGT: return !unordered && a > b;
+  case OGE: return !unordered && a >= b;
+  case OLT: return !unordered && a < b;
+  case OLE: return !unordered && a <= b;
+  case ONE: return !unordered && a != b;
+  case ORD: return !unordered;
+  case UEQ: return unordered || a == b;
+  case UGT_F: return unordered || a > b;
+  case UGE_F: return unordered || a >= b;
+  case ULT_F: return unordered || a < b;
+  case ULE_F: return unordered || a <= b;
+  case UNE: return unordered || a != b;
+  case UNO: return unordered;
+  default: return true;
+  }
+}
+
+DFLEX_SEM_FN float maximumf(float a, float b) {
+  if (isNaN(a) || isNaN(b))
+    return isNaN(a) ? a : b;
+  if (a == 0.0f && b == 0.0f) // +0 > -0
+    return (floatBits(a) & 0x80000000u) ? b : a;
+  return a > b ? a : b;
+}
+DFLEX_SEM_FN float minimumf(float a, float b) {
+  if (isNaN(a) || isNaN(b))
+    return isNaN(a) ? a : b;
+  if (a == 0.0f && b == 0.0f)
+    return (floatBits(a) & 0x80000000u) ? a : b;
+  return a < b ? a : b;
+}
+DFLEX_SEM_FN float maxnumf(float a, float b) {
+  if (isNaN(a))
+    return b;
+  if (isNaN(b))
+    return a;
+  return maximumf(a, b);
+}
+DFLEX_SEM_FN float minnumf(float a, float b) {
+  if (isNaN(a))
+    return b;
+  if (isNaN(b))
+    return a;
+  return minimumf(a, b);
+}
+
+/// Saturating float -> signed integer of width w (NaN -> 0, truncation).
+DFLEX_SEM_FN i64 fptosi(float f, int w) {
+  if (isNaN(f))
+    return 0;
+  double d = (double)f;
+  double hi = w >= 64 ? 9223372036854775807.0 : (double)((1ull << (w - 1)) - 1ull);
+  double lo = w >= 64 ? -9223372036854775808.0 : -(double)(1ull << (w - 1));
+  if (d >= hi)
+    return w >= 64 ? (i64)0x7fffffffffffffffull : (i64)((1ull << (w - 1)) - 1ull);
+  if (d <= lo)
+    return minSigned(w);
+  return (i64)d;
+}
+/// Saturating float -> unsigned integer of width w (NaN and negatives -> 0).
+DFLEX_SEM_FN i64 fptoui(float f, int w) {
+  if (isNaN(f) || f <= 0.0f)
+    return 0;
+  double d = (double)f;
+  double hi = w >= 64 ? 18446744073709551615.0 : (double)lowMask(w);
+  if (d >= hi)
+    return wrap(lowMask(w), w);
+  return wrap((u64)d, w);
+}
+DFLEX_SEM_FN float sitofp(i64 v, int kind) { return roundTo((float)v, kind); }
+DFLEX_SEM_FN float uitofp(i64 v, int w, int kind) {
+  return roundTo((float)asUnsigned(v, w), kind);
+}
+
+#ifdef __CUDA_ARCH__
+#define DFLEX_SEM_MATH(name, device, host)                                     \
+  DFLEX_SEM_FN float name(float x, int kind) { return roundTo(device(x), kind); }
+#else
+#define DFLEX_SEM_MATH(name, device, host)                                     \
+  DFLEX_SEM_FN float name(float x, int kind) { return roundTo(host(x), kind); }
+#endif
+DFLEX_SEM_MATH(expf_, expf, std::exp)
+DFLEX_SEM_MATH(exp2f_, exp2f, std::exp2)
+DFLEX_SEM_MATH(expm1f_, expm1f, std::expm1)
+DFLEX_SEM_MATH(logf_, logf, std::log)
+DFLEX_SEM_MATH(log2f_, log2f, std::log2)
+DFLEX_SEM_MATH(log1pf_, log1pf, std::log1p)
+DFLEX_SEM_MATH(sqrtf_, sqrtf, std::sqrt)
+DFLEX_SEM_MATH(tanhf_, tanhf, std::tanh)
+DFLEX_SEM_MATH(sinf_, sinf, std::sin)
+DFLEX_SEM_MATH(cosf_, cosf, std::cos)
+DFLEX_SEM_MATH(erff_, erff, std::erf)
+DFLEX_SEM_MATH(floorf_, floorf, std::floor)
+DFLEX_SEM_MATH(ceilf_, ceilf, std::ceil)
+DFLEX_SEM_MATH(truncf_, truncf, std::trunc)
+DFLEX_SEM_MATH(roundf_, roundf, std::round)
+DFLEX_SEM_MATH(fabsf_, fabsf, std::fabs)
+#undef DFLEX_SEM_MATH
+
+DFLEX_SEM_FN float rsqrtf_(float x, int kind) { return roundTo(1.0f / sqrtf_(x, F32), kind); }
+DFLEX_SEM_FN float addf(float a, float b, int kind) { return roundTo(a + b, kind); }
+DFLEX_SEM_FN float subf(float a, float b, int kind) { return roundTo(a - b, kind); }
+DFLEX_SEM_FN float mulf(float a, float b, int kind) { return roundTo(a * b, kind); }
+DFLEX_SEM_FN float divf(float a, float b, int kind) { return roundTo(a / b, kind); }
+DFLEX_SEM_FN float negf(float a) { return -a; }
+DFLEX_SEM_FN float remf(float a, float b, int kind) {
+#ifdef __CUDA_ARCH__
+  return roundTo(fmodf(a, b), kind);
+#else
+  return roundTo(std::fmod(a, b), kind);
+#endif
+}
+DFLEX_SEM_FN float powf_(float a, float b, int kind) {
+#ifdef __CUDA_ARCH__
+  return roundTo(powf(a, b), kind);
+#else
+  return roundTo(std::pow(a, b), kind);
+#endif
+}
+DFLEX_SEM_FN float fmaf_(float a, float b, float c, int kind) {
+#ifdef __CUDA_ARCH__
+  return roundTo(fmaf(a, b, c), kind);
+#else
+  return roundTo(std::fma(a, b, c), kind);
+#endif
+}
+DFLEX_SEM_FN float copysignf_(float a, float b) {
+  return bitsFloat((floatBits(a) & 0x7fffffffu) | (floatBits(b) & 0x80000000u));
+}
+
+} // namespace sem
+} // namespace dflex
+
+#endif // DFLEX_EXPR_SEMANTICS_H

@@ -1,0 +1,21 @@
+//===- Lowering.h - mask and score_mod bodies to portable programs -*- C++ -*-===//
+
+#ifndef DFLEX_INTERPRETER_LOWERING_H
+#define DFLEX_INTERPRETER_LOWERING_H
+
+#include "DFlex/IR/DFlexOps.h"
+#include "dflex/Expr/Program.h"
+
+namespace mlir::dflex {
+
+/// Translates a verified mask or score_mod (calls inlined on the way) into a
+/// portable program. Emits a diagnostic and fails on anything the program
+/// form cannot express; a verified body always translates.
+FailureOr<::dflex::expr::Program> lowerToProgram(BodyOpInterface op);
+
+/// The portable type of a verified body type.
+::dflex::expr::ScalarType toScalarType(Type type);
+
+} // namespace mlir::dflex
+
+#endif // DFLEX_INTERPRETER_LOWERING_H
