@@ -8,22 +8,25 @@
 namespace dflex {
 namespace kernels {
 
-// Forward: one block per (query tile of kBlockM, query head, batch); each warp
-// owns 16 query rows and walks the listed key tiles of kBlockN keys.
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_>
+// Forward: one block per (query tile of kBlockM, query head, batch); each of
+// the kWarps warps owns kBlockM / kWarps query rows (kMAtoms blocks of 16) and
+// walks the listed key tiles of kBlockN keys.
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
 struct AttentionForwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kWarps = kBlockM / 16;
+  static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMAtoms = kBlockM / (16 * kWarps);
   using QTile = SwizzledTile<kBlockM, kHeadDim>;   // Q, then O on the way out
   using KVTile = SwizzledTile<kBlockN, kHeadDim>;  // one K and one V buffer
   static constexpr int kSharedBytes = QTile::kBytes + 2 * KVTile::kBytes;
 
   static_assert(kHeadDim % 64 == 0, "head_dim must be a multiple of 64");
   static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0, "tiles are made of 16x16 mma blocks");
+  static_assert(kMAtoms >= 1 && kMAtoms * 16 * kWarps == kBlockM, "query rows must split into 16-row blocks per warp");
   static_assert(kSharedBytes <= kMaxSharedMemoryPerBlock, "forward config exceeds sm_120 shared memory per block");
 };
 
@@ -78,19 +81,19 @@ struct DefaultAttentionConfigs;
 
 template <class Element>
 struct DefaultAttentionConfigs<Element, 64> {
-  using Forward = AttentionForwardConfig<Element, 64, 128, 64>;                // 32 KB
+  using Forward = AttentionForwardConfig<Element, 64, 128, 64, 4>;             // 32 KB
   using Backward = AttentionBackwardConfig<Element, 64, 64, 64, 4, 32>;       // 48.5 KB
 };
 
 template <class Element>
 struct DefaultAttentionConfigs<Element, 128> {
-  using Forward = AttentionForwardConfig<Element, 128, 128, 64>;               // 64 KB
+  using Forward = AttentionForwardConfig<Element, 128, 128, 64, 4>;            // 64 KB
   using Backward = AttentionBackwardConfig<Element, 128, 64, 64, 8, 32>;      // 80.5 KB
 };
 
 template <class Element>
 struct DefaultAttentionConfigs<Element, 256> {
-  using Forward = AttentionForwardConfig<Element, 256, 64, 64>;                // 96 KB
+  using Forward = AttentionForwardConfig<Element, 256, 64, 64, 4>;             // 96 KB
   using Backward = AttentionBackwardConfig<Element, 256, 32, 32, 4, 32>;      // 68.25 KB
 };
 

@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   constexpr int kThreads = Config::kThreads;
   constexpr int kScoreBlocks = kBlockN / 8;
   constexpr int kOutBlocks = kHeadDim / 8;
+  constexpr int kMAtoms = Config::kMAtoms;
 
   extern __shared__ __align__(16) unsigned char shared_memory[];
   Element* q_tile = reinterpret_cast<Element*>(shared_memory);
@@ -38,7 +39,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   const AttentionShape& shape = params.shape;
   const int thread = threadIdx.x;
   const int lane = thread & 31;
-  const int warp_row0 = (thread >> 5) * 16;
+  const int warp_row0 = (thread >> 5) * 16 * kMAtoms;
   // Later query tiles usually see more keys (causal, DFlash): start them first.
   const int query_tile = gridDim.x - 1 - blockIdx.x;
   const int head = blockIdx.y;
@@ -67,13 +68,18 @@ __global__ void __launch_bounds__(Config::kThreads)
   }
   cp_async_commit();
 
-  float out[kOutBlocks][4];
-  zero(out);
-  // Running row maxima (log2 units) and partial row sums of this thread's two
-  // rows: warp_row0 + lane/4 ("upper") and 8 below ("lower").
-  float row_max[2] = {negative_infinity(), negative_infinity()};
-  float row_sum[2] = {0.f, 0.f};
-  const LogitMap<Variant> logits{variant, batch, head, shape.scale};
+  float out[kMAtoms][kOutBlocks][4];
+  // Running row maxima (log2 units) and partial row sums of this thread's rows:
+  // in m-atom m, warp_row0 + 16m + lane/4 ("upper", index 0) and 8 below.
+  float row_max[kMAtoms][2];
+  float row_sum[kMAtoms][2];
+#pragma unroll
+  for (int m = 0; m < kMAtoms; ++m) {
+    zero(out[m]);
+    row_max[m][0] = row_max[m][1] = negative_infinity();
+    row_sum[m][0] = row_sum[m][1] = 0.f;
+  }
+  const LogitMap<Variant> logits(variant, batch, head, shape.scale);
   const int thread_q = q_start + warp_row0 + (lane >> 2);
 
   for (int index = first; index < last; ++index) {
@@ -87,39 +93,43 @@ __global__ void __launch_bounds__(Config::kThreads)
                                       thread);
     cp_async_commit();
 
-    float scores[kScoreBlocks][4];
-    zero(scores);
-    warp_mma<Element, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(scores, q_tile, warp_row0, 0,
-                                                                              k_tile, 0, 0, lane);
+    float scores[kMAtoms][kScoreBlocks][4];
+#pragma unroll
+    for (int m = 0; m < kMAtoms; ++m) zero(scores[m]);
+    warp_mma_rows<Element, kMAtoms, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(
+        scores, q_tile, warp_row0, 0, k_tile, 0, 0, lane);
     const bool checked = tile_entry_partial(entry) || query_edge || kv_rows < kBlockN;
-    logits.apply(scores, checked, tile_entry_partial(entry), thread_q, kv_start + 2 * (lane & 3), shape.q_len,
-                 shape.kv_len);
 
-    // Online softmax: rescale what was accumulated to the new row maximum.
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float tile_max = row_max[half];
+    for (int m = 0; m < kMAtoms; ++m) {
+      logits.apply(scores[m], checked, tile_entry_partial(entry), thread_q + 16 * m, kv_start + 2 * (lane & 3),
+                   shape.q_len, shape.kv_len);
+      // Online softmax: rescale what was accumulated to the new row maximum.
 #pragma unroll
-      for (int j = 0; j < kScoreBlocks; ++j) {
-        tile_max = fmaxf(tile_max, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
-      }
-      tile_max = quad_max(tile_max);
-      // A row with nothing visible so far keeps max -inf; exponentiate against
-      // 0 then, so that exp2(-inf - -inf) never makes a NaN.
-      const float base = tile_max == negative_infinity() ? 0.f : tile_max;
-      const float correction = fast_exp2(row_max[half] - base);
-      row_max[half] = tile_max;
-      row_sum[half] *= correction;
+      for (int half = 0; half < 2; ++half) {
+        float tile_max = row_max[m][half];
 #pragma unroll
-      for (int j = 0; j < kOutBlocks; ++j) {
-        out[j][2 * half] *= correction;
-        out[j][2 * half + 1] *= correction;
-      }
+        for (int j = 0; j < kScoreBlocks; ++j) {
+          tile_max = fmaxf(tile_max, fmaxf(scores[m][j][2 * half], scores[m][j][2 * half + 1]));
+        }
+        tile_max = quad_max(tile_max);
+        // A row with nothing visible so far keeps max -inf; exponentiate
+        // against 0 then, so that exp2(-inf - -inf) never makes a NaN.
+        const float base = tile_max == negative_infinity() ? 0.f : tile_max;
+        const float correction = fast_exp2(row_max[m][half] - base);
+        row_max[m][half] = tile_max;
+        row_sum[m][half] *= correction;
 #pragma unroll
-      for (int j = 0; j < kScoreBlocks; ++j) {
-        scores[j][2 * half] = fast_exp2(scores[j][2 * half] - base);
-        scores[j][2 * half + 1] = fast_exp2(scores[j][2 * half + 1] - base);
-        row_sum[half] += scores[j][2 * half] + scores[j][2 * half + 1];
+        for (int j = 0; j < kOutBlocks; ++j) {
+          out[m][j][2 * half] *= correction;
+          out[m][j][2 * half + 1] *= correction;
+        }
+#pragma unroll
+        for (int j = 0; j < kScoreBlocks; ++j) {
+          scores[m][j][2 * half] = fast_exp2(scores[m][j][2 * half] - base);
+          scores[m][j][2 * half + 1] = fast_exp2(scores[m][j][2 * half + 1] - base);
+          row_sum[m][half] += scores[m][j][2 * half] + scores[m][j][2 * half + 1];
+        }
       }
     }
 
@@ -136,38 +146,49 @@ __global__ void __launch_bounds__(Config::kThreads)
     // of column blocks 2s and 2s+1 are the A fragment of reduction step s.
 #pragma unroll
     for (int step = 0; step < kBlockN / 16; ++step) {
-      const unsigned p[4] = {
-          ElementTraits<Element>::pack(scores[2 * step][0], scores[2 * step][1]),
-          ElementTraits<Element>::pack(scores[2 * step][2], scores[2 * step][3]),
-          ElementTraits<Element>::pack(scores[2 * step + 1][0], scores[2 * step + 1][1]),
-          ElementTraits<Element>::pack(scores[2 * step + 1][2], scores[2 * step + 1][3]),
-      };
+      unsigned p[kMAtoms][4];
+#pragma unroll
+      for (int m = 0; m < kMAtoms; ++m) {
+        p[m][0] = ElementTraits<Element>::pack(scores[m][2 * step][0], scores[m][2 * step][1]);
+        p[m][1] = ElementTraits<Element>::pack(scores[m][2 * step][2], scores[m][2 * step][3]);
+        p[m][2] = ElementTraits<Element>::pack(scores[m][2 * step + 1][0], scores[m][2 * step + 1][1]);
+        p[m][3] = ElementTraits<Element>::pack(scores[m][2 * step + 1][2], scores[m][2 * step + 1][3]);
+      }
 #pragma unroll
       for (int pair = 0; pair < kHeadDim / 16; ++pair) {
         unsigned b[4];
         load_b_pair_transposed<KVTile>(b, v_tile, pair * 16, step * 16, lane);
-        ElementTraits<Element>::mma(out[2 * pair], p, b[0], b[1]);
-        ElementTraits<Element>::mma(out[2 * pair + 1], p, b[2], b[3]);
+#pragma unroll
+        for (int m = 0; m < kMAtoms; ++m) {
+          ElementTraits<Element>::mma(out[m][2 * pair], p[m], b[0], b[1]);
+          ElementTraits<Element>::mma(out[m][2 * pair + 1], p[m], b[2], b[3]);
+        }
       }
     }
   }
 
-  float inverse_sum[2];
+  float inverse_sum[kMAtoms][2];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float total = quad_sum(row_sum[half]);
-    inverse_sum[half] = total > 0.f ? 1.f / total : 0.f;
-    const int q_index = thread_q + 8 * half;
-    if ((lane & 3) == 0 && q_index < shape.q_len) {
-      params.lse[(static_cast<long long>(batch) * shape.q_heads + head) * shape.q_len + q_index] =
-          total > 0.f ? (row_max[half] + log2f(total)) * kLn2 : negative_infinity();
+  for (int m = 0; m < kMAtoms; ++m) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float total = quad_sum(row_sum[m][half]);
+      inverse_sum[m][half] = total > 0.f ? 1.f / total : 0.f;
+      const int q_index = thread_q + 16 * m + 8 * half;
+      if ((lane & 3) == 0 && q_index < shape.q_len) {
+        params.lse[(static_cast<long long>(batch) * shape.q_heads + head) * shape.q_len + q_index] =
+            total > 0.f ? (row_max[m][half] + log2f(total)) * kLn2 : negative_infinity();
+      }
     }
   }
 
   // Stage O through the Q buffer for 16-byte stores.
   cp_async_wait<0>();
   __syncthreads();
-  store_accumulator<QTile>(q_tile, out, inverse_sum[0], inverse_sum[1], warp_row0, 0, lane);
+#pragma unroll
+  for (int m = 0; m < kMAtoms; ++m) {
+    store_accumulator<QTile>(q_tile, out[m], inverse_sum[m][0], inverse_sum[m][1], warp_row0 + 16 * m, 0, lane);
+  }
   __syncthreads();
   Element* o = static_cast<Element*>(params.o) + batch * params.o_strides.batch + head * params.o_strides.head +
                q_start * params.o_strides.row;

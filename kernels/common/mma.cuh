@@ -117,21 +117,27 @@ __device__ __forceinline__ void load_b_pair_transposed(unsigned (&b)[4], const E
   ldmatrix_x4_trans(b, shared_address(tile + Tile::offset(k, n)));
 }
 
-// One warp: acc (16 x 8*kBlocksN) += A (16 x 16*kSteps) * B (16*kSteps x 8*kBlocksN).
-// A rows a_row0.., columns a_k0..; B columns b_n0.., reduction rows b_k0...
+// One warp: acc (16*kMAtoms x 8*kBlocksN) += A (16*kMAtoms x 16*kSteps) * B (16*kSteps x 8*kBlocksN).
+// A rows a_row0.. (m-atom m at a_row0 + 16m), columns a_k0..; B columns b_n0..,
+// reduction rows b_k0... Each B fragment serves all kMAtoms row blocks, so more
+// m-atoms per warp means fewer shared-memory reads per product.
 // kATransposed: A's tile is stored [K][M]; kBTransposed: B's tile is stored [K][N]
 // (otherwise [N][K]).
-template <class Element, int kBlocksN, int kSteps, bool kATransposed, bool kBTransposed, class ATile, class BTile>
-__device__ __forceinline__ void warp_mma(float (&acc)[kBlocksN][4], const Element* a_tile, int a_row0, int a_k0,
-                                         const Element* b_tile, int b_n0, int b_k0, int lane) {
+template <class Element, int kMAtoms, int kBlocksN, int kSteps, bool kATransposed, bool kBTransposed, class ATile,
+          class BTile>
+__device__ __forceinline__ void warp_mma_rows(float (&acc)[kMAtoms][kBlocksN][4], const Element* a_tile, int a_row0,
+                                              int a_k0, const Element* b_tile, int b_n0, int b_k0, int lane) {
   static_assert(kBlocksN % 2 == 0, "B fragments are loaded two 8-column blocks at a time");
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) {
-    unsigned a[4];
-    if constexpr (kATransposed) {
-      load_a_transposed<ATile>(a, a_tile, a_row0, a_k0 + step * 16, lane);
-    } else {
-      load_a<ATile>(a, a_tile, a_row0, a_k0 + step * 16, lane);
+    unsigned a[kMAtoms][4];
+#pragma unroll
+    for (int m = 0; m < kMAtoms; ++m) {
+      if constexpr (kATransposed) {
+        load_a_transposed<ATile>(a[m], a_tile, a_row0 + 16 * m, a_k0 + step * 16, lane);
+      } else {
+        load_a<ATile>(a[m], a_tile, a_row0 + 16 * m, a_k0 + step * 16, lane);
+      }
     }
 #pragma unroll
     for (int pair = 0; pair < kBlocksN / 2; ++pair) {
@@ -141,10 +147,21 @@ __device__ __forceinline__ void warp_mma(float (&acc)[kBlocksN][4], const Elemen
       } else {
         load_b_pair<BTile>(b, b_tile, b_n0 + pair * 16, b_k0 + step * 16, lane);
       }
-      ElementTraits<Element>::mma(acc[2 * pair], a, b[0], b[1]);
-      ElementTraits<Element>::mma(acc[2 * pair + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int m = 0; m < kMAtoms; ++m) {
+        ElementTraits<Element>::mma(acc[m][2 * pair], a[m], b[0], b[1]);
+        ElementTraits<Element>::mma(acc[m][2 * pair + 1], a[m], b[2], b[3]);
+      }
     }
   }
+}
+
+// warp_mma_rows for one m-atom (16 rows).
+template <class Element, int kBlocksN, int kSteps, bool kATransposed, bool kBTransposed, class ATile, class BTile>
+__device__ __forceinline__ void warp_mma(float (&acc)[kBlocksN][4], const Element* a_tile, int a_row0, int a_k0,
+                                         const Element* b_tile, int b_n0, int b_k0, int lane) {
+  warp_mma_rows<Element, 1, kBlocksN, kSteps, kATransposed, kBTransposed, ATile, BTile>(
+      reinterpret_cast<float(&)[1][kBlocksN][4]>(acc), a_tile, a_row0, a_k0, b_tile, b_n0, b_k0, lane);
 }
 
 template <int kBlocksN>

@@ -19,6 +19,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "attention/attention.cuh"
@@ -201,10 +202,14 @@ void launch_backward(const AttentionBackwardParams& params, const Variant& varia
 }
 
 // Device state of one problem: inputs, outputs, workspace, tile lists, params.
-template <class Element, int kHeadDim>
+template <class Forward_, class Backward_>
 struct AttentionRun {
-  using Forward = typename DefaultAttentionConfigs<Element, kHeadDim>::Forward;
-  using Backward = typename DefaultAttentionConfigs<Element, kHeadDim>::Backward;
+  using Forward = Forward_;
+  using Backward = Backward_;
+  using Element = typename Forward::Element;
+  static constexpr int kHeadDim = Forward::kHeadDim;
+  static_assert(std::is_same<Element, typename Backward::Element>::value && kHeadDim == Backward::kHeadDim,
+                "forward and backward configs must agree on element type and head dim");
 
   Problem problem;
   Layout layout;
@@ -367,7 +372,8 @@ std::string g_filter;  // run only the cases whose name contains it
 
 template <class Element, int kHeadDim, class Variant>
 void check_case(const CaseSpec& spec, const Variant& host_variant, const Variant& device_variant) {
-  using Run = AttentionRun<Element, kHeadDim>;
+  using Configs = DefaultAttentionConfigs<Element, kHeadDim>;
+  using Run = AttentionRun<typename Configs::Forward, typename Configs::Backward>;
   if (spec.name.find(g_filter) == std::string::npos) return;
   const Problem& p = spec.problem;
   std::mt19937_64 rng(spec.seed);
@@ -638,27 +644,60 @@ float median(std::vector<float> x) {
   return x[x.size() / 2];
 }
 
-template <class Element, int kHeadDim, class Variant>
-void time_case(const std::string& name, const Problem& p, int list_batches, const Variant& host_variant,
-               const Variant& device_variant) {
-  using Run = AttentionRun<Element, kHeadDim>;
+template <class Config>
+std::string forward_label() {
+  return "fwd " + std::to_string(Config::kBlockM) + "x" + std::to_string(Config::kBlockN) + " w" +
+         std::to_string(Config::kWarps);
+}
+
+template <class Config>
+std::string backward_label() {
+  return "bwd " + std::to_string(Config::kBlockM) + "x" + std::to_string(Config::kBlockN) + " w" +
+         std::to_string(Config::kWarps) + " c" + std::to_string(Config::kGradQChunk);
+}
+
+// A timing problem: shape, shared inputs and the visible pair count.
+template <class Variant>
+struct TimingProblem {
+  std::string name;
+  Problem problem;
+  int list_batches;
+  Variant host_variant;
+  Variant device_variant;
+  AttentionInputs inputs;
+  long long visible_pairs;
+};
+
+template <class Variant>
+TimingProblem<Variant> make_timing_problem(const std::string& name, const Problem& p, int list_batches,
+                                           const Variant& host_variant, const Variant& device_variant) {
+  TimingProblem<Variant> t{name, p, list_batches, host_variant, device_variant, {}, 0};
+  std::mt19937_64 rng(99);
+  t.inputs.q = random_values<__nv_bfloat16>(p.q_elements(), 1.0, rng);
+  t.inputs.k = random_values<__nv_bfloat16>(p.kv_elements(), 1.0, rng);
+  t.inputs.v = random_values<__nv_bfloat16>(p.kv_elements(), 1.0, rng);
+  t.inputs.grad_o = random_values<__nv_bfloat16>(p.q_elements(), 1.0, rng);
+  t.visible_pairs = count_visible_pairs(host_variant, list_batches, 1, p.q_len, p.kv_len) *
+                    (p.batch / list_batches) * p.q_heads;
+  const double visible_fraction =
+      static_cast<double>(t.visible_pairs) / (static_cast<double>(p.batch) * p.q_heads * p.q_len * p.kv_len);
+  std::printf("%s: B=%d Hq/Hkv=%d/%d Tq=%d Tk=%d D=%d, %.1f%% of pairs visible\n", name.c_str(), p.batch, p.q_heads,
+              p.kv_heads, p.q_len, p.kv_len, p.head_dim, 100 * visible_fraction);
+  return t;
+}
+
+template <class Forward, class Backward, class Variant>
+void time_configs(const TimingProblem<Variant>& t) {
+  using Run = AttentionRun<Forward, Backward>;
+  const Problem& p = t.problem;
   const auto build_start = std::chrono::steady_clock::now();
-  const HostTileList forward_tiles = build_tile_list(host_variant, TileRows::kQuery, list_batches, 1, p.q_len,
-                                                     p.kv_len, Run::Forward::kBlockM, Run::Forward::kBlockN);
-  const HostTileList backward_tiles = build_tile_list(host_variant, TileRows::kKey, list_batches, 1, p.q_len,
-                                                      p.kv_len, Run::Backward::kBlockM, Run::Backward::kBlockN);
+  const HostTileList forward_tiles = build_tile_list(t.host_variant, TileRows::kQuery, t.list_batches, 1, p.q_len,
+                                                     p.kv_len, Forward::kBlockM, Forward::kBlockN);
+  const HostTileList backward_tiles = build_tile_list(t.host_variant, TileRows::kKey, t.list_batches, 1, p.q_len,
+                                                      p.kv_len, Backward::kBlockM, Backward::kBlockN);
   const double build_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - build_start).count();
-  const long long pairs = count_visible_pairs(host_variant, list_batches, 1, p.q_len, p.kv_len) *
-                          (p.batch / list_batches) * p.q_heads;
-
-  std::mt19937_64 rng(99);
-  AttentionInputs in;
-  in.q = random_values<Element>(p.q_elements(), 1.0, rng);
-  in.k = random_values<Element>(p.kv_elements(), 1.0, rng);
-  in.v = random_values<Element>(p.kv_elements(), 1.0, rng);
-  in.grad_o = random_values<Element>(p.q_elements(), 1.0, rng);
-  Run run(p, Layout::kBTHD, in, forward_tiles, backward_tiles);
+  Run run(p, Layout::kBTHD, t.inputs, forward_tiles, backward_tiles);
 
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
@@ -673,41 +712,39 @@ void time_case(const std::string& name, const Problem& p, int list_batches, cons
     return ms;
   };
   for (int i = 0; i < 5; ++i) {
-    run.forward(device_variant);
-    run.backward(device_variant);
+    run.forward(t.device_variant);
+    run.backward(t.device_variant);
   }
   CUDA_CHECK(cudaDeviceSynchronize());
   const int kRepeats = 20;
   std::vector<float> forward_ms, backward_ms, total_ms;
-  for (int i = 0; i < kRepeats; ++i) forward_ms.push_back(time_ms([&] { run.forward(device_variant); }));
-  for (int i = 0; i < kRepeats; ++i) backward_ms.push_back(time_ms([&] { run.backward(device_variant); }));
+  for (int i = 0; i < kRepeats; ++i) forward_ms.push_back(time_ms([&] { run.forward(t.device_variant); }));
+  for (int i = 0; i < kRepeats; ++i) backward_ms.push_back(time_ms([&] { run.backward(t.device_variant); }));
   for (int i = 0; i < kRepeats; ++i) {
     total_ms.push_back(time_ms([&] {
-      run.forward(device_variant);
-      run.backward(device_variant);
+      run.forward(t.device_variant);
+      run.backward(t.device_variant);
     }));
   }
   CUDA_CHECK(cudaEventDestroy(start));
   CUDA_CHECK(cudaEventDestroy(stop));
 
   const double fwd = median(forward_ms), bwd = median(backward_ms), total = median(total_ms);
-  const double flop_fwd = 4.0 * kHeadDim * static_cast<double>(pairs);
-  const double visible_fraction =
-      static_cast<double>(pairs) / (static_cast<double>(p.batch) * p.q_heads * p.q_len * p.kv_len);
+  const double flop_fwd = 4.0 * p.head_dim * static_cast<double>(t.visible_pairs);
   const double empty_fraction =
       1.0 - static_cast<double>(forward_tiles.full_tiles + forward_tiles.partial_tiles) / forward_tiles.all_tiles;
-  std::printf("%-22s B=%d Hq/Hkv=%d/%d Tq=%d Tk=%d D=%d: visible %.1f%%, fwd tiles %.1f%% empty (%lld full, %lld "
-              "partial); host lists %.0f ms\n",
-              name.c_str(), p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, kHeadDim, 100 * visible_fraction,
-              100 * empty_fraction, forward_tiles.full_tiles, forward_tiles.partial_tiles, build_ms);
-  std::printf("%-22s fwd %.3f ms (%.0f useful TFLOP/s) | bwd %.3f ms | fwd+bwd %.3f ms (%.0f useful TFLOP/s)\n",
-              name.c_str(), fwd, flop_fwd / fwd * 1e-9, bwd, total, 3.5 * flop_fwd / total * 1e-9);
+  std::printf("  %-16s %-20s fwd %6.3f ms (%3.0f TFLOP/s) | bwd %6.3f ms | fwd+bwd %6.3f ms (%3.0f TFLOP/s) | "
+              "fwd tiles %.1f%% empty, lists %.0f ms\n",
+              forward_label<Forward>().c_str(), backward_label<Backward>().c_str(), fwd, flop_fwd / fwd * 1e-9, bwd,
+              total, 3.5 * flop_fwd / total * 1e-9, 100 * empty_fraction, build_ms);
   std::fflush(stdout);
 }
 
 void run_timing() {
-  std::printf("Timing: medians of 20 runs after 5 warm-ups (CUDA events); useful FLOP count only visible pairs\n"
-              "(4*Hq*D per pair forward, 3.5x that forward+backward).\n");
+  using Element = __nv_bfloat16;
+  using Defaults = DefaultAttentionConfigs<Element, 128>;
+  std::printf("Timing: medians of 20 runs after 5 warm-ups (CUDA events); TFLOP/s count visible pairs only\n"
+              "(4*D per pair and head forward, 3.5x that forward+backward). First line: default configs.\n");
   {
     const int blocks = 512, context_len = 8192;
     std::mt19937_64 rng(2024);
@@ -722,11 +759,20 @@ void run_timing() {
     DFlashVariant device_variant = host_variant;
     device_variant.anchors = device_anchors.get();
     const Problem p{1, 32, 8, blocks * 16, context_len + blocks * 16, 128, 1.0 / std::sqrt(128.0)};
-    time_case<__nv_bfloat16, 128>("dflash 512x16 ctx 8192", p, 1, host_variant, device_variant);
+    const auto t = make_timing_problem("dflash 512 anchors x 16, context 8192", p, 1, host_variant, device_variant);
+    time_configs<Defaults::Forward, Defaults::Backward>(t);
+    // Candidates for tuning.
+    time_configs<dflex::kernels::AttentionForwardConfig<Element, 128, 128, 64, 8>, Defaults::Backward>(t);
+    time_configs<dflex::kernels::AttentionForwardConfig<Element, 128, 128, 32, 4>, Defaults::Backward>(t);
+    time_configs<dflex::kernels::AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>(t);
+    time_configs<Defaults::Forward, dflex::kernels::AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>(t);
+    time_configs<Defaults::Forward, dflex::kernels::AttentionBackwardConfig<Element, 128, 64, 64, 8, 64>>(t);
+    time_configs<Defaults::Forward, dflex::kernels::AttentionBackwardConfig<Element, 128, 32, 64, 4, 32>>(t);
   }
   {
     const Problem p{1, 32, 8, 8192, 8192, 128, 1.0 / std::sqrt(128.0)};
-    time_case<__nv_bfloat16, 128>("causal 8192", p, 1, CausalVariant{}, CausalVariant{});
+    const auto t = make_timing_problem("causal 8192", p, 1, CausalVariant{}, CausalVariant{});
+    time_configs<Defaults::Forward, Defaults::Backward>(t);
   }
 }
 
