@@ -32,4 +32,4 @@ endif()
 if(NOT LLVM_ENABLE_RTTI)
   target_compile_options(dflex_mlir_flags INTERFACE -fno-rtti)
 endif()
-find_package(Python3 REQUIRED COMPONENTS Interpreter)
+

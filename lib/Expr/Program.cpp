@@ -81,6 +81,18 @@ std::string checkCaptures(const Program &program,
   return "";
 }
 
+std::vector<bool> dependsOnArgument(const Program &program, int64_t argument) {
+  std::vector<bool> depends(program.instructions.size(), false);
+  for (size_t n = 0; n < program.instructions.size(); ++n) {
+    const Instruction &inst = program.instructions[n];
+    if (inst.op == Opcode::Argument)
+      depends[n] = inst.imm == argument;
+    for (int32_t operand : inst.operands)
+      depends[n] = depends[n] || depends[operand];
+  }
+  return depends;
+}
+
 namespace {
 
 float loadBF16(const void *p) {

@@ -70,7 +70,11 @@ public:
   }
 
 private:
-  int32_t append(expr::Instruction inst) {
+  int32_t append(expr::Instruction inst, Location loc) {
+    if (auto fileLoc = dyn_cast<FileLineColLoc>(loc))
+      inst.location = (fileLoc.getFilename().getValue() + ":" +
+                       Twine(fileLoc.getLine()) + ":" + Twine(fileLoc.getColumn()))
+                          .str();
     program.instructions.push_back(std::move(inst));
     return static_cast<int32_t>(program.instructions.size() - 1);
   }
@@ -116,13 +120,13 @@ private:
         else
           inst.paddingFloat = cast<FloatAttr>(padding).getValueAsDouble();
       }
-      return append(std::move(inst));
+      return append(std::move(inst), op.getLoc());
     }
     if (auto dim = dyn_cast<DimOp>(op)) {
       inst.op = Opcode::Dim;
       inst.imm = tensors.lookup(dim.getTensor());
       inst.imm2 = dim.getDimension().getSExtValue();
-      return append(std::move(inst));
+      return append(std::move(inst), op.getLoc());
     }
     if (auto constant = dyn_cast<arith::ConstantOp>(op)) {
       inst.op = Opcode::Constant;
@@ -132,7 +136,7 @@ private:
         inst.fimm = floatValue.getValueAsDouble();
       else
         return op.emitOpError("constant of this kind is not supported");
-      return append(std::move(inst));
+      return append(std::move(inst), op.getLoc());
     }
 
     for (Value operand : op.getOperands())
@@ -225,7 +229,7 @@ private:
     if (!opcode)
       return op.emitOpError("has no portable form");
     inst.op = *opcode;
-    return append(std::move(inst));
+    return append(std::move(inst), op.getLoc());
   }
 
   expr::Program &program;

@@ -60,6 +60,7 @@ struct Instruction {
   bool hasPadding = false;       // Read: out-of-range reads yield paddingInt/paddingFloat
   int64_t paddingInt = 0;
   float paddingFloat = 0.0f;
+  std::string location;          // "file:line:col" of the DSL op, for diagnostics
 };
 
 struct CaptureDecl {
@@ -75,6 +76,9 @@ struct Program {
   std::vector<CaptureDecl> captures;
   std::vector<Instruction> instructions;
   int32_t result = -1; // the instruction whose value the body yields
+  /// For a score_mod with a derivative: the instruction holding
+  /// d(result)/d(score), or -1.
+  int32_t scoreDerivative = -1;
 
   unsigned numLeadingArguments() const { return isScoreMod ? 5 : 4; }
 };
@@ -105,6 +109,10 @@ struct CaptureValue {
   static CaptureValue ofTensor(const void *data, ScalarType elementType,
                                std::vector<int64_t> sizes);
 };
+
+/// Whether instruction `index` of `program` depends on leading argument
+/// `argument` (directly or through its operands).
+std::vector<bool> dependsOnArgument(const Program &program, int64_t argument);
 
 /// Evaluates `program`. `leading` holds (score,) b, h, q_idx, kv_idx; the
 /// score is used as a float, the indices as integers. `captures` are in

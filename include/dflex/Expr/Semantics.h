@@ -23,11 +23,29 @@
 #include <cstring>
 #endif
 
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define DFLEX_FUNCTOR __host__ __device__ __forceinline__
+#else
+#define DFLEX_FUNCTOR inline
+#endif
+
 namespace dflex {
 namespace sem {
 
 typedef long long i64;
 typedef unsigned long long u64;
+
+/// A captured tensor as kernels see it: element pointer, then sizes and
+/// strides (in elements). Every field is 8 bytes, so the layout is the same
+/// on the host and the device. bf16 elements are their raw 16-bit pattern.
+template <class T, int Rank> struct Tensor {
+  const T *data;
+  i64 sizes[Rank];
+  i64 strides[Rank];
+};
+typedef unsigned short bf16_bits;
+
+DFLEX_SEM_FN bool inRange(i64 index, i64 size) { return index >= 0 && index < size; }
 
 //===--- Integers ----------------------------------------------------------===//
 
@@ -184,6 +202,12 @@ DFLEX_SEM_FN float roundF16(float f) {
   magnitude += 0xfffu + ((magnitude >> 13) & 1u);
   return bitsFloat(sign | (magnitude & 0xffffe000u));
 }
+
+DFLEX_SEM_FN float bf16BitsToFloat(bf16_bits bits) {
+  return bitsFloat(static_cast<unsigned>(bits) << 16);
+}
+/// A scalar f32 capture travels in an 8-byte slot holding its bit pattern.
+DFLEX_SEM_FN float slotFloat(i64 slot) { return bitsFloat(static_cast<unsigned>(slot)); }
 
 /// Float kinds: the type a float value is rounded to.
 enum FloatKind { F32 = 0, F16 = 1, BF16 = 2 };

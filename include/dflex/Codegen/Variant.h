@@ -1,0 +1,60 @@
+//===- Variant.h - mask and score_mod functors as CUDA C++ -------*- C++ -*-===//
+//
+// A kernel variant is a struct holding a kernel's captures with the functors
+// the kernel templates call (kernels/attention/variant.cuh):
+//   mask(b, h, q_idx, kv_idx), score_mod(s, ...), score_mod_grad(s, ...).
+// It is passed to kernels by value; its layout is a row of 8-byte slots, one
+// per scalar capture and 1 + 2 * rank per tensor capture (data, sizes,
+// strides), in the order of `VariantLayout::captures`.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLEX_CODEGEN_VARIANT_H
+#define DFLEX_CODEGEN_VARIANT_H
+
+#include "dflex/Expr/Program.h"
+#include "dflex/Support/Json.h"
+#include "dflex/Support/Status.h"
+
+#include <string>
+#include <vector>
+
+namespace dflex::codegen {
+
+struct CaptureSlot {
+  std::string name;   // the DSL name the runtime binds by
+  std::string field;  // the C++ member holding it
+  bool isTensor = false;
+  expr::ScalarType elementType = expr::ScalarType::I32;
+  int rank = 0;
+  int offsetBytes = 0;
+  int sizeBytes = 0;
+};
+
+struct VariantLayout {
+  std::vector<CaptureSlot> captures;
+  int sizeBytes = 8; // never empty: a variant without captures holds one unused slot
+  const CaptureSlot *find(const std::string &name) const;
+};
+
+/// The captures of a mask and an optional score_mod, merged by name (the
+/// mask's first). Fails when one name has two types.
+Result<VariantLayout> layoutVariant(const expr::Program &mask,
+                                    const expr::Program *scoreMod);
+
+/// The C++ struct `structName`: capture members, then mask(), score_mod()
+/// and score_mod_grad() (the score_mod program must carry its derivative).
+/// Needs only dflex/Expr/Semantics.h; __host__ __device__ under CUDA, plain
+/// inline functions otherwise, so tests can compile it on the host.
+std::string emitVariant(const std::string &structName,
+                        const VariantLayout &layout, const expr::Program &mask,
+                        const expr::Program *scoreMod);
+
+/// A C++ identifier made from a DSL symbol name.
+std::string sanitizeIdentifier(const std::string &name);
+
+JsonValue toJson(const VariantLayout &layout);
+
+} // namespace dflex::codegen
+
+#endif // DFLEX_CODEGEN_VARIANT_H

@@ -1,0 +1,338 @@
+//===- Variant.cpp - mask and score_mod functors as CUDA C++ --------------===//
+
+#include "dflex/Codegen/Variant.h"
+
+#include "dflex/Expr/Semantics.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <sstream>
+
+namespace dflex::codegen {
+
+using expr::Instruction;
+using expr::Opcode;
+using expr::Program;
+using expr::ScalarType;
+
+const CaptureSlot *VariantLayout::find(const std::string &name) const {
+  for (const CaptureSlot &slot : captures)
+    if (slot.name == name)
+      return &slot;
+  return nullptr;
+}
+
+std::string sanitizeIdentifier(const std::string &name) {
+  std::string id;
+  for (char c : name)
+    id += (std::isalnum(static_cast<unsigned char>(c)) || c == '_') ? c : '_';
+  if (id.empty() || std::isdigit(static_cast<unsigned char>(id.front())))
+    id = "_" + id;
+  return id;
+}
+
+Result<VariantLayout> layoutVariant(const Program &mask, const Program *scoreMod) {
+  VariantLayout layout;
+  int offset = 0;
+  auto addAll = [&](const Program &program) -> Status {
+    for (const expr::CaptureDecl &capture : program.captures) {
+      if (const CaptureSlot *existing = layout.find(capture.name)) {
+        if (existing->isTensor != capture.isTensor ||
+            existing->elementType != capture.elementType || existing->rank != capture.rank)
+          return Status::failure("capture '" + capture.name +
+                                 "' has different types in '" + mask.name +
+                                 "' and '" + program.name + "'");
+        continue;
+      }
+      CaptureSlot slot;
+      slot.name = capture.name;
+      slot.field = "cap" + std::to_string(layout.captures.size()) + "_" +
+                   sanitizeIdentifier(capture.name);
+      slot.isTensor = capture.isTensor;
+      slot.elementType = capture.elementType;
+      slot.rank = capture.rank;
+      slot.offsetBytes = offset;
+      slot.sizeBytes = 8 * (capture.isTensor ? 1 + 2 * capture.rank : 1);
+      offset += slot.sizeBytes;
+      layout.captures.push_back(std::move(slot));
+    }
+    return Status::success();
+  };
+  if (Status status = addAll(mask); !status.ok())
+    return status;
+  if (scoreMod)
+    if (Status status = addAll(*scoreMod); !status.ok())
+      return status;
+  layout.sizeBytes = offset == 0 ? 8 : offset;
+  return layout;
+}
+
+namespace {
+
+const char *cppElementType(ScalarType type) {
+  switch (type) {
+  case ScalarType::I32: return "int";
+  case ScalarType::I64: return "long long";
+  case ScalarType::F32: return "float";
+  case ScalarType::BF16: return "::dflex::sem::bf16_bits";
+  default: return "long long";
+  }
+}
+
+std::string floatLiteral(float value) {
+  // Bit patterns keep infinities and NaN exact; finite values print exactly
+  // with 9 significant digits.
+  if (!std::isfinite(value)) {
+    char buffer[48];
+    std::snprintf(buffer, sizeof buffer, "bitsFloat(0x%08xu)", sem::floatBits(value));
+    return buffer;
+  }
+  char buffer[48];
+  std::snprintf(buffer, sizeof buffer, "%.9ef", value);
+  return buffer;
+}
+
+std::string intLiteral(int64_t value) {
+  if (value == INT64_MIN)
+    return "(-9223372036854775807LL - 1)";
+  return std::to_string(value) + "LL";
+}
+
+/// Emits one program as statements ending in `return <value at result>`.
+class BodyEmitter {
+public:
+  BodyEmitter(std::ostringstream &out, const Program &program,
+              const VariantLayout &layout)
+      : out(out), program(program), layout(layout) {}
+
+  void emit(int32_t result, const char *returnKind) {
+    std::vector<bool> live(program.instructions.size(), false);
+    live[result] = true;
+    for (size_t n = program.instructions.size(); n-- > 0;)
+      if (live[n])
+        for (int32_t operand : program.instructions[n].operands)
+          live[operand] = true;
+    for (size_t n = 0; n < program.instructions.size(); ++n)
+      if (live[n])
+        emitInstruction(static_cast<int32_t>(n));
+    if (std::string(returnKind) == "bool")
+      out << "    return " << value(result) << " != 0;\n";
+    else
+      out << "    return " << value(result) << ";\n";
+  }
+
+private:
+  std::string value(int32_t n) const { return "v" + std::to_string(n); }
+  std::string operand(const Instruction &inst, int k) const {
+    return value(inst.operands[k]);
+  }
+  const CaptureSlot &capture(const Instruction &inst) const {
+    return *layout.find(program.captures[inst.imm].name);
+  }
+
+  void emitInstruction(int32_t n) {
+    const Instruction &inst = program.instructions[n];
+    const bool isFloat = expr::isFloat(inst.type);
+    const int w = expr::intWidth(inst.type);
+    const int kind = expr::floatKind(inst.type);
+    const std::string W = std::to_string(w), K = std::to_string(kind);
+    auto a = [&] { return operand(inst, 0); };
+    auto b = [&] { return operand(inst, 1); };
+    auto c = [&] { return operand(inst, 2); };
+    auto call = [&](const char *fn, std::initializer_list<std::string> args) {
+      std::string text = std::string(fn) + "(";
+      bool first = true;
+      for (const std::string &arg : args) {
+        text += (first ? "" : ", ") + arg;
+        first = false;
+      }
+      return text + ")";
+    };
+    auto srcWidth = [&] { return std::to_string(inst.imm2); };
+
+    std::string expression;
+    switch (inst.op) {
+    case Opcode::Argument: {
+      static const char *names[] = {"score", "b", "h", "q_idx", "kv_idx"};
+      expression = names[inst.imm + (program.isScoreMod ? 0 : 1)];
+      break;
+    }
+    case Opcode::Capture: {
+      const CaptureSlot &slot = capture(inst);
+      expression = isFloat ? "slotFloat(" + slot.field + ")" : slot.field;
+      break;
+    }
+    case Opcode::Constant:
+      expression = isFloat ? floatLiteral(inst.fimm) : intLiteral(inst.imm);
+      break;
+    case Opcode::Dim:
+      expression = capture(inst).field + ".sizes[" + std::to_string(inst.imm2) + "]";
+      break;
+    case Opcode::Read: {
+      const CaptureSlot &slot = capture(inst);
+      std::string padding = isFloat ? floatLiteral(inst.hasPadding ? inst.paddingFloat : 0.0f)
+                                    : intLiteral(inst.hasPadding ? inst.paddingInt : 0);
+      std::string inRange, offset;
+      for (size_t d = 0; d < inst.operands.size(); ++d) {
+        std::string dim = std::to_string(d);
+        inRange += (d ? " && " : "") + std::string("inRange(") + operand(inst, d) + ", " +
+                   slot.field + ".sizes[" + dim + "])";
+        offset += (d ? " + " : "") + operand(inst, d) + " * " + slot.field + ".strides[" + dim + "]";
+      }
+      std::string element = slot.field + ".data[" + offset + "]";
+      if (slot.elementType == ScalarType::BF16)
+        element = "bf16BitsToFloat(" + element + ")";
+      expression = "(" + inRange + ") ? " + std::string(isFloat ? "(float)" : "(i64)") +
+                   element + " : " + padding;
+      break;
+    }
+    case Opcode::AddI: expression = call("addi", {a(), b(), W}); break;
+    case Opcode::SubI: expression = call("subi", {a(), b(), W}); break;
+    case Opcode::MulI: expression = call("muli", {a(), b(), W}); break;
+    case Opcode::DivSI: expression = call("divsi", {a(), b(), W}); break;
+    case Opcode::DivUI: expression = call("divui", {a(), b(), W}); break;
+    case Opcode::CeilDivSI: expression = call("ceildivsi", {a(), b(), W}); break;
+    case Opcode::CeilDivUI: expression = call("ceildivui", {a(), b(), W}); break;
+    case Opcode::FloorDivSI: expression = call("floordivsi", {a(), b(), W}); break;
+    case Opcode::RemSI: expression = call("remsi", {a(), b(), W}); break;
+    case Opcode::RemUI: expression = call("remui", {a(), b(), W}); break;
+    case Opcode::MaxSI: expression = call("maxsi", {a(), b()}); break;
+    case Opcode::MinSI: expression = call("minsi", {a(), b()}); break;
+    case Opcode::MaxUI: expression = call("maxui", {a(), b(), W}); break;
+    case Opcode::MinUI: expression = call("minui", {a(), b(), W}); break;
+    case Opcode::AndI: expression = call("andi", {a(), b(), W}); break;
+    case Opcode::OrI: expression = call("ori", {a(), b(), W}); break;
+    case Opcode::XOrI: expression = call("xori", {a(), b(), W}); break;
+    case Opcode::ShLI: expression = call("shli", {a(), b(), W}); break;
+    case Opcode::ShRSI: expression = call("shrsi", {a(), b(), W}); break;
+    case Opcode::ShRUI: expression = call("shrui", {a(), b(), W}); break;
+    case Opcode::AbsI: expression = call("absi", {a(), W}); break;
+    case Opcode::CmpI:
+      expression = "fromBool(" + call("cmpi", {std::to_string(inst.imm), a(), b(), srcWidth()}) + ")";
+      break;
+    case Opcode::CmpF:
+      expression = "fromBool(" + call("cmpf", {std::to_string(inst.imm), a(), b()}) + ")";
+      break;
+    case Opcode::Select: expression = "(" + a() + " != 0) ? " + b() + " : " + c(); break;
+    case Opcode::ExtSI:
+    case Opcode::IndexCast:
+    case Opcode::TruncI: expression = call("wrap", {"(u64)" + a(), W}); break;
+    case Opcode::ExtUI:
+    case Opcode::IndexCastUI:
+      expression = call("wrap", {call("asUnsigned", {a(), srcWidth()}), W});
+      break;
+    case Opcode::SIToFP: expression = call("sitofp", {a(), K}); break;
+    case Opcode::UIToFP: expression = call("uitofp", {a(), srcWidth(), K}); break;
+    case Opcode::FPToSI: expression = call("fptosi", {a(), W}); break;
+    case Opcode::FPToUI: expression = call("fptoui", {a(), W}); break;
+    case Opcode::ExtF: expression = a(); break;
+    case Opcode::TruncF: expression = call("roundTo", {a(), K}); break;
+    case Opcode::AddF: expression = call("addf", {a(), b(), K}); break;
+    case Opcode::SubF: expression = call("subf", {a(), b(), K}); break;
+    case Opcode::MulF: expression = call("mulf", {a(), b(), K}); break;
+    case Opcode::DivF: expression = call("divf", {a(), b(), K}); break;
+    case Opcode::RemF: expression = call("remf", {a(), b(), K}); break;
+    case Opcode::NegF: expression = call("negf", {a()}); break;
+    case Opcode::MaximumF: expression = call("maximumf", {a(), b()}); break;
+    case Opcode::MinimumF: expression = call("minimumf", {a(), b()}); break;
+    case Opcode::MaxNumF: expression = call("maxnumf", {a(), b()}); break;
+    case Opcode::MinNumF: expression = call("minnumf", {a(), b()}); break;
+    case Opcode::AbsF: expression = call("fabsf_", {a(), K}); break;
+    case Opcode::Exp: expression = call("expf_", {a(), K}); break;
+    case Opcode::Exp2: expression = call("exp2f_", {a(), K}); break;
+    case Opcode::ExpM1: expression = call("expm1f_", {a(), K}); break;
+    case Opcode::Log: expression = call("logf_", {a(), K}); break;
+    case Opcode::Log2: expression = call("log2f_", {a(), K}); break;
+    case Opcode::Log1p: expression = call("log1pf_", {a(), K}); break;
+    case Opcode::Sqrt: expression = call("sqrtf_", {a(), K}); break;
+    case Opcode::Rsqrt: expression = call("rsqrtf_", {a(), K}); break;
+    case Opcode::Tanh: expression = call("tanhf_", {a(), K}); break;
+    case Opcode::Sin: expression = call("sinf_", {a(), K}); break;
+    case Opcode::Cos: expression = call("cosf_", {a(), K}); break;
+    case Opcode::Erf: expression = call("erff_", {a(), K}); break;
+    case Opcode::PowF: expression = call("powf_", {a(), b(), K}); break;
+    case Opcode::Fma: expression = call("fmaf_", {a(), b(), c(), K}); break;
+    case Opcode::Floor: expression = call("floorf_", {a(), K}); break;
+    case Opcode::Ceil: expression = call("ceilf_", {a(), K}); break;
+    case Opcode::Trunc: expression = call("truncf_", {a(), K}); break;
+    case Opcode::Round: expression = call("roundf_", {a(), K}); break;
+    case Opcode::CopySign: expression = call("copysignf_", {a(), b()}); break;
+    }
+    if (!inst.location.empty())
+      out << "    // " << inst.location << "\n";
+    out << "    const " << (isFloat ? "float " : "i64 ") << value(n) << " = "
+        << expression << ";\n";
+  }
+
+  std::ostringstream &out;
+  const Program &program;
+  const VariantLayout &layout;
+};
+
+} // namespace
+
+std::string emitVariant(const std::string &structName,
+                        const VariantLayout &layout, const Program &mask,
+                        const Program *scoreMod) {
+  std::ostringstream out;
+  out << "// Variant of mask @" << mask.name;
+  if (scoreMod)
+    out << " and score_mod @" << scoreMod->name;
+  out << ": " << layout.sizeBytes << " bytes of captures.\n";
+  out << "struct " << structName << " {\n";
+  out << "  static constexpr bool kHasScoreMod = " << (scoreMod ? "true" : "false") << ";\n";
+  if (layout.captures.empty())
+    out << "  long long unused_capture_slot;\n";
+  for (const CaptureSlot &slot : layout.captures) {
+    out << "  // capture '" << slot.name << "' at byte " << slot.offsetBytes << "\n";
+    if (slot.isTensor)
+      out << "  ::dflex::sem::Tensor<" << cppElementType(slot.elementType) << ", "
+          << slot.rank << "> " << slot.field << ";\n";
+    else
+      out << "  long long " << slot.field << ";\n";
+  }
+  out << "\n  DFLEX_FUNCTOR bool mask(long long b, long long h, long long q_idx, "
+         "long long kv_idx) const {\n"
+         "    using namespace ::dflex::sem;\n";
+  BodyEmitter(out, mask, layout).emit(mask.result, "bool");
+  out << "  }\n";
+
+  const char *scoreSignature =
+      "(float score, long long b, long long h, long long q_idx, long long kv_idx) const {\n"
+      "    using namespace ::dflex::sem;\n";
+  out << "\n  DFLEX_FUNCTOR float score_mod" << scoreSignature;
+  if (scoreMod)
+    BodyEmitter(out, *scoreMod, layout).emit(scoreMod->result, "float");
+  else
+    out << "    return score;\n";
+  out << "  }\n";
+  out << "\n  DFLEX_FUNCTOR float score_mod_grad" << scoreSignature;
+  if (scoreMod)
+    BodyEmitter(out, *scoreMod, layout).emit(scoreMod->scoreDerivative, "float");
+  else
+    out << "    return 1.0f;\n";
+  out << "  }\n};\n";
+  return out.str();
+}
+
+JsonValue toJson(const VariantLayout &layout) {
+  JsonValue json = JsonValue::object();
+  json["size_bytes"] = layout.sizeBytes;
+  JsonValue captures = JsonValue::array();
+  for (const CaptureSlot &slot : layout.captures) {
+    JsonValue c = JsonValue::object();
+    c["name"] = slot.name;
+    c["tensor"] = slot.isTensor;
+    c["type"] = expr::toString(slot.elementType);
+    c["rank"] = slot.rank;
+    c["offset_bytes"] = slot.offsetBytes;
+    c["size_bytes"] = slot.sizeBytes;
+    captures.push(std::move(c));
+  }
+  json["captures"] = std::move(captures);
+  return json;
+}
+
+} // namespace dflex::codegen

@@ -1,0 +1,196 @@
+//===- Bundle.cpp - writing kernel bundles --------------------------------===//
+
+#include "Bundle.h"
+
+#include "dflex/Compile/Nvrtc.h"
+#include "dflex/Support/File.h"
+#include "dflex/Support/Sha256.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace dflex::tools {
+
+constexpr int kBundleFormatVersion = 1;
+
+Result<std::vector<int64_t>> readPtxIntArray(const std::string &ptx,
+                                             const std::string &symbol,
+                                             size_t count) {
+  // e.g. ".visible .global .align 4 .b8 name[16] = {128, 0, 0, 0, ...};"
+  //   or ".visible .const .align 4 .u32 name[4] = {128, 65536, 128, 64};"
+  std::regex pattern("\\.(b8|u32|s32|b32) " + symbol + "\\[(\\d+)\\] = \\{([^}]*)\\}");
+  std::smatch match;
+  if (!std::regex_search(ptx, match, pattern))
+    return Status::failure("launch constants '" + symbol + "' not found in the PTX");
+  std::vector<int64_t> raw;
+  std::string list = match[3];
+  for (size_t start = 0; start < list.size();) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos)
+      end = list.size();
+    raw.push_back(std::strtoll(list.c_str() + start, nullptr, 10));
+    start = end + 1;
+  }
+  std::vector<int64_t> values;
+  // PTX leaves trailing zeros out of initializers.
+  if (match[1] == "b8") { // little-endian bytes of 32-bit ints
+    if (raw.size() > 4 * count || std::strtoul(match[2].str().c_str(), nullptr, 10) != 4 * count)
+      return Status::failure("launch constants '" + symbol + "' have the wrong size");
+    raw.resize(4 * count, 0);
+    for (size_t i = 0; i < count; ++i)
+      values.push_back(static_cast<int32_t>(raw[4 * i] | raw[4 * i + 1] << 8 |
+                                            raw[4 * i + 2] << 16 | raw[4 * i + 3] << 24));
+  } else {
+    if (raw.size() > count || std::strtoul(match[2].str().c_str(), nullptr, 10) != count)
+      return Status::failure("launch constants '" + symbol + "' have the wrong size");
+    raw.resize(count, 0);
+    values = raw;
+  }
+  return values;
+}
+
+namespace {
+
+JsonValue resourcesJson(const compile::KernelResources &resources) {
+  JsonValue json = JsonValue::object();
+  json["registers"] = static_cast<int64_t>(resources.registers);
+  json["static_shared_bytes"] = static_cast<int64_t>(resources.staticSharedBytes);
+  json["stack_frame_bytes"] = static_cast<int64_t>(resources.stackFrameBytes);
+  json["spill_store_bytes"] = static_cast<int64_t>(resources.spillStoreBytes);
+  json["spill_load_bytes"] = static_cast<int64_t>(resources.spillLoadBytes);
+  return json;
+}
+
+Status write(const fs::path &path, std::string_view contents) {
+  return writeFileAtomic(path.string(), contents);
+}
+
+/// Moves `staging` to `directory`, replacing what is there.
+Status replaceDirectory(const fs::path &staging, const fs::path &directory) {
+  std::error_code error;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    if (::rename(staging.c_str(), directory.c_str()) == 0)
+      return Status::success();
+    if (errno != ENOTEMPTY && errno != EEXIST)
+      return Status::failure("cannot move the bundle into " + directory.string() + ": " +
+                             std::strerror(errno));
+    // Another bundle is there: move it aside, then remove it.
+    fs::path old = directory.string() + ".old-" + std::to_string(::getpid()) + "-" +
+                   std::to_string(attempt);
+    if (::rename(directory.c_str(), old.c_str()) == 0)
+      fs::remove_all(old, error);
+  }
+  return Status::failure("cannot replace " + directory.string() + ": it keeps reappearing");
+}
+
+} // namespace
+
+Status writeBundle(const std::string &directory, const std::string &sourcePath,
+                   const std::string &sourceText, const std::vector<std::string> &archs,
+                   const std::vector<CompiledModule> &modules) {
+  fs::path target(directory);
+  fs::path staging = target.string() + ".partial-" + std::to_string(::getpid());
+  std::error_code error;
+  fs::remove_all(staging, error);
+  if (Status status = createDirectories(staging.string()); !status.ok())
+    return status;
+
+  JsonValue manifest = JsonValue::object();
+  manifest["format_version"] = kBundleFormatVersion;
+  manifest["template_version"] = codegen::kTemplateVersion;
+  manifest["source"] = fs::path(sourcePath).filename().string();
+  manifest["source_sha256"] = Sha256::hexDigest(sourceText);
+  Result<std::string> nvrtc = compile::nvrtcVersion();
+  manifest["nvrtc_version"] = nvrtc.ok() ? nvrtc.value() : "unknown";
+  JsonValue archList = JsonValue::array();
+  for (const std::string &arch : archs)
+    archList.push(arch);
+  manifest["archs"] = std::move(archList);
+
+  Status status = Status::success();
+  JsonValue moduleList = JsonValue::array();
+  for (const CompiledModule &module : modules) {
+    const std::string base = codegen::sanitizeIdentifier(module.generated.name);
+    JsonValue m = JsonValue::object();
+    m["name"] = module.generated.name;
+    m["kind"] = module.generated.kind;
+    m["spec"] = module.spec;
+    m["source_file"] = base + ".cu";
+    m["source_sha256"] = Sha256::hexDigest(module.generated.source);
+    m["variant"] = codegen::toJson(module.generated.layout);
+    JsonValue programs = JsonValue::array();
+    for (const JsonValue &program : module.programs)
+      programs.push(program);
+    m["programs"] = std::move(programs);
+    JsonValue launch = JsonValue::object();
+    for (const auto &[symbol, values] : module.launch) {
+      JsonValue entry = JsonValue::object();
+      for (const auto &[name, value] : values)
+        entry[name] = value;
+      launch[symbol] = std::move(entry);
+    }
+    m["launch"] = std::move(launch);
+    status = write(staging / (base + ".cu"), module.generated.source);
+    if (!status.ok())
+      break;
+
+    JsonValue kernels = JsonValue::array();
+    for (const codegen::KernelEntry &kernel : module.generated.kernels) {
+      JsonValue k = JsonValue::object();
+      k["role"] = kernel.role;
+      k["name_expression"] = kernel.nameExpression;
+      JsonValue perArch = JsonValue::object();
+      for (const compile::ArchBinary &binary : module.binaries) {
+        JsonValue a = JsonValue::object();
+        std::string lowered = binary.loweredName(kernel.nameExpression);
+        a["lowered_name"] = lowered;
+        if (const compile::KernelResources *resources = binary.findKernel(lowered))
+          a["resources"] = resourcesJson(*resources);
+        perArch[binary.arch] = std::move(a);
+      }
+      k["archs"] = std::move(perArch);
+      kernels.push(std::move(k));
+    }
+    m["kernels"] = std::move(kernels);
+
+    JsonValue binaries = JsonValue::object();
+    for (size_t i = 0; i < module.binaries.size(); ++i) {
+      const compile::ArchBinary &binary = module.binaries[i];
+      JsonValue b = JsonValue::object();
+      std::string ptxFile = base + "." + binary.arch + ".ptx";
+      status = write(staging / ptxFile, binary.ptx);
+      b["ptx"] = ptxFile;
+      b["ptx_sha256"] = Sha256::hexDigest(binary.ptx);
+      if (status.ok() && !binary.cubin.empty()) {
+        std::string cubinFile = base + "." + binary.arch + ".cubin";
+        status = write(staging / cubinFile, binary.cubin);
+        b["cubin"] = cubinFile;
+        b["cubin_sha256"] = Sha256::hexDigest(binary.cubin);
+      }
+      b["cache_key"] = module.cacheKeys[i];
+      binaries[binary.arch] = std::move(b);
+      if (!status.ok())
+        break;
+    }
+    m["binaries"] = std::move(binaries);
+    moduleList.push(std::move(m));
+    if (!status.ok())
+      break;
+  }
+  manifest["modules"] = std::move(moduleList);
+  if (status.ok())
+    status = write(staging / "manifest.json", writeJson(manifest) + "\n");
+  if (status.ok())
+    status = replaceDirectory(staging, target);
+  if (!status.ok())
+    fs::remove_all(staging, error);
+  return status;
+}
+
+} // namespace dflex::tools

@@ -1,0 +1,266 @@
+//===- dflex-compile.cpp - ahead-of-time kernel compiler ------------------===//
+//
+// dflex-compile FILE.mlir --arch sm_90 --arch sm_120 -o BUNDLE_DIR
+//
+// Parses and verifies FILE, generates the kernels of every dflex.attention
+// spec, compiles them with NVRTC for each arch through the kernel cache, and
+// writes a bundle (manifest.json, generated source, PTX and cubin per arch).
+//
+//===----------------------------------------------------------------------===//
+
+#include "Bundle.h"
+
+#include "DFlex/IR/DFlexDialect.h"
+#include "DFlex/IR/DFlexOps.h"
+#include "dflex/Cache/KernelCache.h"
+#include "dflex/Codegen/Attention.h"
+#include "dflex/Codegen/Derivative.h"
+#include "dflex/Codegen/KernelSources.h"
+#include "dflex/Compile/CachedCompile.h"
+#include "dflex/Compile/GpuArch.h"
+#include "dflex/Expr/ProgramJson.h"
+#include "dflex/Interpreter/Lowering.h"
+#include "dflex/Parse/InputLimits.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Parser/Parser.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <chrono>
+
+using namespace mlir;
+using namespace mlir::dflex;
+namespace codegen = ::dflex::codegen;
+namespace compile = ::dflex::compile;
+namespace cache = ::dflex::cache;
+namespace expr = ::dflex::expr;
+
+namespace {
+
+llvm::cl::opt<std::string> inputFilename(llvm::cl::Positional, llvm::cl::Required,
+                                         llvm::cl::desc("<input .mlir>"));
+llvm::cl::list<std::string> archs(
+    "arch", llvm::cl::desc("target architecture, repeatable (sm_90, sm_120, sm_90a, "
+                           "compute_90, ...); default: sm_90 and sm_120"));
+llvm::cl::opt<std::string> outputDir("o", llvm::cl::desc("bundle directory to write"),
+                                     llvm::cl::value_desc("dir"));
+llvm::cl::opt<bool> emitCuda("emit-cuda",
+                             llvm::cl::desc("print the generated CUDA source and stop"));
+llvm::cl::opt<std::string> cacheDir(
+    "cache-dir", llvm::cl::desc("kernel cache directory (default: $DFLEX_CACHE_DIR, "
+                                "else ~/.cache/dflex)"));
+llvm::cl::opt<bool> quiet("quiet", llvm::cl::desc("no summary line"));
+
+int fail(const llvm::Twine &message) {
+  llvm::errs() << "dflex-compile: error: " << message << "\n";
+  return 1;
+}
+
+const char *elementTypeName(Type type) { return type.isF16() ? "f16" : "bf16"; }
+
+/// Lowers `symbol` (a mask or score_mod) to a program, with its derivative
+/// for a score_mod. Diagnostics go through the context's handler.
+FailureOr<expr::Program> lowerBody(Operation *spec, FlatSymbolRefAttr symbol) {
+  auto body = SymbolTable::lookupNearestSymbolFrom<BodyOpInterface>(spec, symbol);
+  FailureOr<expr::Program> program = lowerToProgram(body);
+  if (failed(program) || !program->isScoreMod)
+    return program;
+  ::dflex::Status derivative = codegen::appendScoreDerivative(*program);
+  if (!derivative.ok()) {
+    llvm::errs() << derivative.message() << "\n";
+    return failure();
+  }
+  return program;
+}
+
+FailureOr<::dflex::tools::CompiledModule> generate(AttentionOp op,
+                                                   StringRef sourceName) {
+  FailureOr<expr::Program> mask = lowerBody(op, op.getMaskAttr());
+  if (failed(mask))
+    return failure();
+  std::optional<expr::Program> scoreMod;
+  if (op.getScoreModAttr()) {
+    FailureOr<expr::Program> lowered = lowerBody(op, op.getScoreModAttr());
+    if (failed(lowered))
+      return failure();
+    scoreMod = std::move(*lowered);
+  }
+  codegen::AttentionSpec spec;
+  spec.name = op.getSymName().str();
+  spec.numQHeads = op.getNumQHeads();
+  spec.numKvHeads = op.getNumKvHeads();
+  spec.qkHeadDim = op.getQkHeadDim();
+  spec.vHeadDim = op.getVHeadDim();
+  spec.elementType = elementTypeName(op.getElementType());
+  spec.scale = op.getSoftmaxScale();
+  auto generated = codegen::generateAttention(spec, *mask, scoreMod ? &*scoreMod : nullptr,
+                                              sourceName.str());
+  if (!generated.ok()) {
+    op.emitError(generated.error());
+    return failure();
+  }
+  ::dflex::tools::CompiledModule module;
+  module.generated = generated.value();
+  module.spec = ::dflex::JsonValue::object();
+  module.spec["mask"] = op.getMask().str();
+  if (scoreMod)
+    module.spec["score_mod"] = op.getScoreModAttr().getValue().str();
+  module.spec["num_q_heads"] = spec.numQHeads;
+  module.spec["num_kv_heads"] = spec.numKvHeads;
+  module.spec["qk_head_dim"] = spec.qkHeadDim;
+  module.spec["v_head_dim"] = spec.vHeadDim;
+  module.spec["element_type"] = spec.elementType;
+  module.spec["scale"] = static_cast<double>(spec.scale);
+  module.programs.push_back(expr::toJson(*mask));
+  if (scoreMod)
+    module.programs.push_back(expr::toJson(*scoreMod));
+  return module;
+}
+
+/// Compiles a module for every arch through the cache; reads the launch
+/// constants back and checks shared memory against each arch's limit.
+::dflex::Status compileModule(::dflex::tools::CompiledModule &module,
+                              const std::vector<std::string> &targets,
+                              cache::KernelCache &kernelCache, int &hits) {
+  compile::CompileRequest request;
+  request.source = module.generated.source;
+  request.programName = module.generated.name + ".cu";
+  request.archs = targets;
+  request.options = {"-std=c++17"};
+  for (const codegen::EmbeddedHeader &header : codegen::kernelHeaders())
+    request.headers.push_back({header.name, header.contents});
+  for (const codegen::KernelEntry &kernel : module.generated.kernels)
+    request.nameExpressions.push_back(kernel.nameExpression);
+
+  auto binaries = compile::compileCached(request, kernelCache, codegen::kTemplateVersion);
+  if (!binaries.ok())
+    return binaries.status();
+  module.binaries = binaries.value();
+  for (const compile::ArchBinary &binary : module.binaries) {
+    hits += binary.fromCache;
+    auto key = compile::archCacheKey(request, binary.arch, codegen::kTemplateVersion);
+    module.cacheKeys.push_back(key.ok() ? key.value() : "");
+  }
+
+  // Launch constants are the same for every arch: read them from the first.
+  for (const auto &[symbol, names] : module.generated.launchConstants) {
+    auto values = ::dflex::tools::readPtxIntArray(module.binaries.front().ptx, symbol,
+                                                  names.size());
+    if (!values.ok())
+      return values.status();
+    for (size_t i = 0; i < names.size(); ++i)
+      module.launch[symbol][names[i]] = values.value()[i];
+  }
+  // The kernels with dynamic shared memory: forward and backward main kernels.
+  for (const codegen::KernelEntry &kernel : module.generated.kernels) {
+    const char *symbol = kernel.role == "attention_forward"    ? "dflex_forward_launch"
+                         : kernel.role == "attention_backward" ? "dflex_backward_launch"
+                                                               : nullptr;
+    if (symbol)
+      request.dynamicSharedBytes[kernel.nameExpression] =
+          module.launch[symbol]["shared_bytes"];
+  }
+  for (compile::ArchBinary &binary : module.binaries)
+    if (::dflex::Status status = compile::checkSharedMemory(request, binary); !status.ok())
+      return ::dflex::Status::failure("@" + module.generated.name + ": " + status.message());
+  return ::dflex::Status::success();
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM init(argc, argv);
+  llvm::cl::ParseCommandLineOptions(argc, argv, "dflex ahead-of-time kernel compiler\n");
+  auto start = std::chrono::steady_clock::now();
+
+  auto file = llvm::MemoryBuffer::getFileOrSTDIN(inputFilename);
+  if (!file)
+    return fail("cannot read '" + inputFilename + "': " + file.getError().message());
+  std::string sourceText = (*file)->getBuffer().str();
+  if (auto problem = ::dflex::checkInputLimits(sourceText)) {
+    llvm::errs() << inputFilename << ":" << problem->line << ":" << problem->column
+                 << ": error: " << problem->message << "\n";
+    return 1;
+  }
+
+  DialectRegistry registry;
+  registry.insert<DFlexDialect, arith::ArithDialect, math::MathDialect>();
+  MLIRContext context(registry);
+  context.printOpOnDiagnostic(false);
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(std::move(*file), llvm::SMLoc());
+  SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context);
+  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &context);
+  if (!module)
+    return 1;
+
+  std::vector<::dflex::tools::CompiledModule> modules;
+  size_t numGatedDelta = 0;
+  for (Operation &op : module->getBody()->getOperations()) {
+    if (auto attention = dyn_cast<AttentionOp>(op)) {
+      auto generated = generate(attention, inputFilename);
+      if (failed(generated))
+        return 1;
+      modules.push_back(std::move(*generated));
+    } else if (auto gatedDelta = dyn_cast<GatedDeltaOp>(op)) {
+      ++numGatedDelta;
+      gatedDelta.emitRemark("gated_delta kernels are not generated by this version; "
+                            "the spec is verified only");
+    }
+  }
+  if (modules.empty() && numGatedDelta == 0)
+    return fail("'" + inputFilename + "' has no dflex.attention or dflex.gated_delta "
+                "spec to compile");
+
+  if (emitCuda) {
+    for (const auto &compiled : modules)
+      llvm::outs() << compiled.generated.source << "\n";
+    return 0;
+  }
+  if (outputDir.empty())
+    return fail("no bundle directory: give -o DIR (or --emit-cuda)");
+
+  std::vector<std::string> targets(archs.begin(), archs.end());
+  if (targets.empty())
+    targets = {"sm_90", "sm_120"};
+  for (const std::string &arch : targets)
+    if (!compile::parseGpuArch(arch).ok())
+      return fail("unknown --arch '" + arch + "' (use e.g. sm_90, sm_120, sm_90a, compute_90)");
+
+  cache::CacheConfig config;
+  config.directory = cacheDir;
+  config.warningSink = [](const std::string &warning) {
+    llvm::errs() << "dflex-compile: warning: " << warning << "\n";
+  };
+  cache::KernelCache kernelCache(config);
+  int hits = 0, binaries = 0, kernels = 0;
+  for (auto &compiled : modules) {
+    if (::dflex::Status status = compileModule(compiled, targets, kernelCache, hits);
+        !status.ok())
+      return fail(status.message());
+    binaries += compiled.binaries.size();
+    kernels += compiled.generated.kernels.size();
+  }
+  if (::dflex::Status status =
+          ::dflex::tools::writeBundle(outputDir, inputFilename, sourceText, targets, modules);
+      !status.ok())
+    return fail(status.message());
+
+  if (!quiet) {
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                         .count();
+    llvm::outs() << "dflex-compile: " << inputFilename << ": " << modules.size()
+                 << " modules, " << kernels << " kernels, archs";
+    for (const std::string &arch : targets)
+      llvm::outs() << " " << arch;
+    llvm::outs() << "; cache " << hits << "/" << binaries << " hits; "
+                 << llvm::format("%.3f", seconds) << " s -> " << outputDir << "\n";
+  }
+  return 0;
+}
