@@ -4,6 +4,7 @@
 //   --check      forward + backward on random inputs for a set of masks, score mods,
 //                head dims, GQA groups, layouts and odd lengths, against the reference
 //   --time       DFlash training shape and causal 8192: fwd and fwd+bwd medians
+//   --sweep      candidate configs on the DFlash shape (tuning)
 // Exit status 0 only when every check passes.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -740,46 +741,60 @@ void time_configs(const TimingProblem<Variant>& t) {
   std::fflush(stdout);
 }
 
+// DFlash training shape: 512 anchors x 16 queries over a context of 8192.
+template <class Body>
+void with_dflash_timing_problem(Body&& body) {
+  const int blocks = 512, context_len = 8192;
+  std::mt19937_64 rng(2024);
+  const std::vector<int> anchors = make_anchors(1, blocks, 1, context_len, 0, rng);
+  DeviceBuffer<int> device_anchors(anchors.size());
+  device_anchors.upload(anchors);
+  DFlashVariant host_variant;
+  host_variant.anchors = anchors.data();
+  host_variant.blocks = blocks;
+  host_variant.context_len = context_len;
+  host_variant.block_size = 16;
+  DFlashVariant device_variant = host_variant;
+  device_variant.anchors = device_anchors.get();
+  const Problem p{1, 32, 8, blocks * 16, context_len + blocks * 16, 128, 1.0 / std::sqrt(128.0)};
+  body(make_timing_problem("dflash 512 anchors x 16, context 8192", p, 1, host_variant, device_variant));
+}
+
+void print_timing_header() {
+  std::printf("Timing: medians of 20 runs after 5 warm-ups (CUDA events); TFLOP/s count visible pairs only\n"
+              "(4*D per pair and head forward, 3.5x that forward+backward).\n");
+}
+
 void run_timing() {
+  using Defaults = DefaultAttentionConfigs<__nv_bfloat16, 128>;
+  print_timing_header();
+  with_dflash_timing_problem([](const auto& t) { time_configs<Defaults::Forward, Defaults::Backward>(t); });
+  const Problem p{1, 32, 8, 8192, 8192, 128, 1.0 / std::sqrt(128.0)};
+  time_configs<Defaults::Forward, Defaults::Backward>(
+      make_timing_problem("causal 8192", p, 1, CausalVariant{}, CausalVariant{}));
+}
+
+// Candidate configs on the DFlash shape, the defaults first.
+void run_sweep() {
+  using dflex::kernels::AttentionBackwardConfig;
+  using dflex::kernels::AttentionForwardConfig;
   using Element = __nv_bfloat16;
   using Defaults = DefaultAttentionConfigs<Element, 128>;
-  std::printf("Timing: medians of 20 runs after 5 warm-ups (CUDA events); TFLOP/s count visible pairs only\n"
-              "(4*D per pair and head forward, 3.5x that forward+backward). First line: default configs.\n");
-  {
-    const int blocks = 512, context_len = 8192;
-    std::mt19937_64 rng(2024);
-    const std::vector<int> anchors = make_anchors(1, blocks, 1, context_len, 0, rng);
-    DeviceBuffer<int> device_anchors(anchors.size());
-    device_anchors.upload(anchors);
-    DFlashVariant host_variant;
-    host_variant.anchors = anchors.data();
-    host_variant.blocks = blocks;
-    host_variant.context_len = context_len;
-    host_variant.block_size = 16;
-    DFlashVariant device_variant = host_variant;
-    device_variant.anchors = device_anchors.get();
-    const Problem p{1, 32, 8, blocks * 16, context_len + blocks * 16, 128, 1.0 / std::sqrt(128.0)};
-    const auto t = make_timing_problem("dflash 512 anchors x 16, context 8192", p, 1, host_variant, device_variant);
+  print_timing_header();
+  with_dflash_timing_problem([](const auto& t) {
     time_configs<Defaults::Forward, Defaults::Backward>(t);
-    // Candidates for tuning.
-    time_configs<dflex::kernels::AttentionForwardConfig<Element, 128, 128, 64, 8>, Defaults::Backward>(t);
-    time_configs<dflex::kernels::AttentionForwardConfig<Element, 128, 128, 32, 4>, Defaults::Backward>(t);
-    time_configs<dflex::kernels::AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>(t);
-    time_configs<Defaults::Forward, dflex::kernels::AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>(t);
-    time_configs<Defaults::Forward, dflex::kernels::AttentionBackwardConfig<Element, 128, 64, 64, 8, 64>>(t);
-    time_configs<Defaults::Forward, dflex::kernels::AttentionBackwardConfig<Element, 128, 32, 64, 4, 32>>(t);
-  }
-  {
-    const Problem p{1, 32, 8, 8192, 8192, 128, 1.0 / std::sqrt(128.0)};
-    const auto t = make_timing_problem("causal 8192", p, 1, CausalVariant{}, CausalVariant{});
-    time_configs<Defaults::Forward, Defaults::Backward>(t);
-  }
+    time_configs<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>(t);
+    time_configs<AttentionForwardConfig<Element, 128, 64, 64, 2>, Defaults::Backward>(t);
+    time_configs<AttentionForwardConfig<Element, 128, 128, 128, 8>, Defaults::Backward>(t);
+    time_configs<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>(t);
+    time_configs<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 64, 4, 32>>(t);
+  });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool self_test = false, check = false, timing = false;
+  bool self_test = false, check = false, timing = false, sweep = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--self-test") {
@@ -788,18 +803,21 @@ int main(int argc, char** argv) {
       check = true;
     } else if (arg == "--time") {
       timing = true;
+    } else if (arg == "--sweep") {
+      sweep = true;
     } else if (arg == "--filter" && i + 1 < argc) {
       g_filter = argv[++i];
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--self-test] [--check [--filter NAME_PART]] [--time]   (no mode: all three)\n",
+                   "usage: %s [--self-test] [--check [--filter NAME_PART]] [--time] [--sweep]\n"
+                   "  (no mode: self-test, check and time)\n",
                    argv[0]);
       return 2;
     }
   }
-  if (!self_test && !check && !timing) self_test = check = timing = true;
+  if (!self_test && !check && !timing && !sweep) self_test = check = timing = true;
   if (self_test) run_self_test();
-  if (check || timing) {
+  if (check || timing || sweep) {
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     cudaDeviceProp properties{};
@@ -809,6 +827,7 @@ int main(int argc, char** argv) {
   }
   if (check) run_checks();
   if (timing) run_timing();
+  if (sweep) run_sweep();
   if (g_failures > 0) {
     std::printf("%d check(s) FAILED\n", g_failures);
     return 1;
