@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 namespace dflex::codegen {
@@ -315,6 +316,48 @@ std::string emitVariant(const std::string &structName,
     out << "    return 1.0f;\n";
   out << "  }\n};\n";
   return out.str();
+}
+
+Result<std::vector<uint8_t>> packVariant(const VariantLayout &layout,
+                                         const std::vector<BoundCapture> &captures) {
+  std::vector<uint8_t> bytes(layout.sizeBytes, 0);
+  auto put = [&](int offset, int64_t word) { std::memcpy(&bytes[offset], &word, 8); };
+  for (const BoundCapture &bound : captures)
+    if (!layout.find(bound.name))
+      return Status::failure("no capture named '" + bound.name + "'");
+  for (const CaptureSlot &slot : layout.captures) {
+    const BoundCapture *bound = nullptr;
+    for (const BoundCapture &candidate : captures)
+      if (candidate.name == slot.name) {
+        if (bound)
+          return Status::failure("capture '" + slot.name + "' is given twice");
+        bound = &candidate;
+      }
+    if (!bound)
+      return Status::failure("capture '" + slot.name + "' is missing");
+    const expr::CaptureValue &value = bound->value;
+    if (!slot.isTensor) {
+      put(slot.offsetBytes, expr::isFloat(slot.elementType)
+                                ? static_cast<int64_t>(sem::floatBits(value.scalar.f))
+                                : value.scalar.i);
+      continue;
+    }
+    if (static_cast<int>(value.sizes.size()) != slot.rank ||
+        value.strides.size() != value.sizes.size())
+      return Status::failure("capture '" + slot.name + "' must have rank " +
+                             std::to_string(slot.rank) + ", got " +
+                             std::to_string(value.sizes.size()));
+    if (value.elementType != slot.elementType)
+      return Status::failure("capture '" + slot.name + "' must hold " +
+                             expr::toString(slot.elementType) + ", got " +
+                             expr::toString(value.elementType));
+    put(slot.offsetBytes, static_cast<int64_t>(reinterpret_cast<uintptr_t>(value.data)));
+    for (int d = 0; d < slot.rank; ++d) {
+      put(slot.offsetBytes + 8 * (1 + d), value.sizes[d]);
+      put(slot.offsetBytes + 8 * (1 + slot.rank + d), value.strides[d]);
+    }
+  }
+  return bytes;
 }
 
 JsonValue toJson(const VariantLayout &layout) {

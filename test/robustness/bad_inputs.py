@@ -7,7 +7,7 @@ lines and thousands of random mutations of the shipped examples to a tool
 time limit, without a signal, with exit status 0 (the mutation happened to
 be valid) or 1 with a diagnostic located as file:line:col.
 
-usage: bad_inputs.py TOOL EXAMPLES_DIR [--mutations N] [--seed S] [-- TOOL_ARGS...]
+usage: bad_inputs.py TOOL EXAMPLES_DIR [--mutations N] [--seed S] [--tool-arg ARG ...]
 """
 
 import argparse
@@ -93,7 +93,8 @@ def main():
     parser.add_argument("examples")
     parser.add_argument("--mutations", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=20261130)
-    parser.add_argument("tool_args", nargs="*")
+    parser.add_argument("--tool-arg", dest="tool_args", action="append", default=[],
+                        help="extra argument for the tool (repeatable)")
     args = parser.parse_args()
 
     rng = random.Random(args.seed)

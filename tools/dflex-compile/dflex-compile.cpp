@@ -214,9 +214,11 @@ int main(int argc, char **argv) {
                             "the spec is verified only");
     }
   }
-  if (modules.empty() && numGatedDelta == 0)
-    return fail("'" + inputFilename + "' has no dflex.attention or dflex.gated_delta "
-                "spec to compile");
+  if (modules.empty() && numGatedDelta == 0) {
+    emitError(FileLineColLoc::get(&context, inputFilename, 1, 1))
+        << "no dflex.attention or dflex.gated_delta spec to compile";
+    return 1;
+  }
 
   if (emitCuda) {
     for (const auto &compiled : modules)

@@ -16,6 +16,7 @@
 #include "dflex/Support/Json.h"
 #include "dflex/Support/Status.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,19 @@ Result<VariantLayout> layoutVariant(const expr::Program &mask,
 std::string emitVariant(const std::string &structName,
                         const VariantLayout &layout, const expr::Program &mask,
                         const expr::Program *scoreMod);
+
+/// A capture value bound to its DSL name. Tensor data may be device memory:
+/// packing copies the pointer, never the elements.
+struct BoundCapture {
+  std::string name;
+  expr::CaptureValue value;
+};
+
+/// The bytes of a variant struct of `layout` holding `captures` (each
+/// capture of the layout exactly once, with its declared rank and element
+/// type; scalars as their sign-extended value, f32 as its bit pattern).
+Result<std::vector<uint8_t>> packVariant(const VariantLayout &layout,
+                                         const std::vector<BoundCapture> &captures);
 
 /// A C++ identifier made from a DSL symbol name.
 std::string sanitizeIdentifier(const std::string &name);

@@ -1,0 +1,239 @@
+//===- CodegenTest.cpp - emitted functors vs the interpreter --------------===//
+//
+// The variant of every example attention spec, emitted as C++ and compiled
+// by the host compiler into this test, must agree with the interpreter on
+// random indices and captures: mask, score_mod, and score_mod_grad (also
+// checked against finite differences). The variants get their captures
+// through packVariant, the byte layout kernels receive.
+//
+//===----------------------------------------------------------------------===//
+
+#include "../interpreter/TestUtil.h"
+#include "dflex/Codegen/Derivative.h"
+#include "dflex/Codegen/Variant.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+struct GeneratedVariant {
+  const char *file;
+  const char *spec;
+  size_t size;
+  bool (*mask)(const void *, long long, long long, long long, long long);
+  float (*scoreMod)(const void *, float, long long, long long, long long, long long);
+  float (*scoreModGrad)(const void *, float, long long, long long, long long, long long);
+};
+#include "GeneratedVariants.h"
+
+using namespace dflex;
+using expr::CaptureValue;
+using expr::ScalarType;
+using expr::Value;
+
+namespace {
+
+/// Random capture values; the storage outlives the views.
+struct RandomCaptures {
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<codegen::BoundCapture> bound;
+  std::vector<CaptureValue> ordered(const expr::Program &program) const {
+    std::vector<CaptureValue> values;
+    for (const expr::CaptureDecl &decl : program.captures)
+      for (const codegen::BoundCapture &b : bound)
+        if (b.name == decl.name)
+          values.push_back(b.value);
+    return values;
+  }
+};
+
+RandomCaptures randomCaptures(const codegen::VariantLayout &layout, std::mt19937_64 &rng) {
+  RandomCaptures captures;
+  captures.storage.reserve(layout.captures.size());
+  auto uniformInt = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  auto uniformFloat = [&](float lo, float hi) {
+    return std::uniform_real_distribution<float>(lo, hi)(rng);
+  };
+  for (const codegen::CaptureSlot &slot : layout.captures) {
+    if (!slot.isTensor) {
+      Value v = expr::isFloat(slot.elementType) ? Value::ofFloat(uniformFloat(-4, 4))
+                : slot.elementType == ScalarType::I1 ? Value::ofInt(uniformInt(0, 1) ? -1 : 0)
+                                                     : Value::ofInt(uniformInt(0, 120));
+      captures.bound.push_back({slot.name, CaptureValue::ofScalar(v)});
+      continue;
+    }
+    std::vector<int64_t> sizes;
+    int64_t count = 1;
+    for (int d = 0; d < slot.rank; ++d) {
+      sizes.push_back(uniformInt(1, 40));
+      count *= sizes.back();
+    }
+    size_t elementBytes = slot.elementType == ScalarType::I64 ? 8
+                          : slot.elementType == ScalarType::BF16 ? 2 : 4;
+    std::vector<uint8_t> data(count * elementBytes);
+    for (int64_t i = 0; i < count; ++i) {
+      uint8_t *p = &data[i * elementBytes];
+      if (slot.elementType == ScalarType::I32) {
+        int32_t v = static_cast<int32_t>(uniformInt(-3, 300));
+        std::memcpy(p, &v, 4);
+      } else if (slot.elementType == ScalarType::I64) {
+        int64_t v = uniformInt(-3, 300);
+        std::memcpy(p, &v, 8);
+      } else if (slot.elementType == ScalarType::F32) {
+        float v = uniformFloat(-3, 3);
+        std::memcpy(p, &v, 4);
+      } else {
+        uint16_t v = static_cast<uint16_t>(sem::floatBits(sem::roundBF16(uniformFloat(-3, 3))) >> 16);
+        std::memcpy(p, &v, 2);
+      }
+    }
+    captures.storage.push_back(std::move(data));
+    captures.bound.push_back(
+        {slot.name, CaptureValue::ofTensor(captures.storage.back().data(), slot.elementType, sizes)});
+  }
+  return captures;
+}
+
+bool sameFloat(float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }
+
+TEST(Codegen, EmittedVariantsMatchTheInterpreter) {
+  ASSERT_GT(std::size(kGeneratedVariants), 9u); // every example attention spec
+  std::mt19937_64 rng(42);
+  for (const GeneratedVariant &generated : kGeneratedVariants) {
+    SCOPED_TRACE(std::string(generated.file) + " @" + generated.spec);
+    auto loaded = test::LoadedModule::fromFile(generated.file);
+    ASSERT_TRUE(loaded.module);
+    auto spec = mlir::SymbolTable::lookupNearestSymbolFrom<mlir::dflex::AttentionOp>(
+        *loaded.module, mlir::StringAttr::get(loaded.context.get(), generated.spec));
+    ASSERT_TRUE(spec);
+    expr::Program mask = loaded.program(spec.getMask());
+    std::optional<expr::Program> scoreMod;
+    if (spec.getScoreModAttr()) {
+      scoreMod = loaded.program(spec.getScoreModAttr().getValue());
+      ASSERT_TRUE(codegen::appendScoreDerivative(*scoreMod).ok());
+    }
+    auto layout = codegen::layoutVariant(mask, scoreMod ? &*scoreMod : nullptr);
+    ASSERT_TRUE(layout.ok()) << layout.error();
+    ASSERT_EQ(static_cast<size_t>(layout.value().sizeBytes), generated.size);
+
+    for (int round = 0; round < 4; ++round) {
+      RandomCaptures captures = randomCaptures(layout.value(), rng);
+      auto bytes = codegen::packVariant(layout.value(), captures.bound);
+      ASSERT_TRUE(bytes.ok()) << bytes.error();
+      // Copy into storage aligned like the struct.
+      std::vector<uint64_t> variant(generated.size / 8);
+      std::memcpy(variant.data(), bytes.value().data(), generated.size);
+
+      std::vector<CaptureValue> maskCaptures = captures.ordered(mask);
+      std::vector<Value> scratch;
+      for (int n = 0; n < 3000; ++n) {
+        int64_t b = rng() % 4, h = rng() % spec.getNumQHeads(), q = rng() % 700,
+                kv = rng() % 900;
+        ASSERT_EQ(generated.mask(variant.data(), b, h, q, kv),
+                  expr::evaluateMask(mask, b, h, q, kv, maskCaptures, scratch))
+            << "b " << b << " h " << h << " q " << q << " kv " << kv;
+        if (!scoreMod)
+          continue;
+        std::vector<CaptureValue> modCaptures = captures.ordered(*scoreMod);
+        float s = std::uniform_real_distribution<float>(-80, 80)(rng);
+        float expected = expr::evaluateScoreMod(*scoreMod, s, b, h, q, kv, modCaptures, scratch);
+        ASSERT_TRUE(sameFloat(generated.scoreMod(variant.data(), s, b, h, q, kv), expected));
+        expr::Program derivative = *scoreMod;
+        derivative.result = derivative.scoreDerivative;
+        float grad = generated.scoreModGrad(variant.data(), s, b, h, q, kv);
+        ASSERT_TRUE(sameFloat(grad, expr::evaluateScoreMod(derivative, s, b, h, q, kv,
+                                                           modCaptures, scratch)));
+        // Finite differences in double around s.
+        const float step = 1e-2f;
+        float above = expr::evaluateScoreMod(*scoreMod, s + step, b, h, q, kv, modCaptures, scratch);
+        float below = expr::evaluateScoreMod(*scoreMod, s - step, b, h, q, kv, modCaptures, scratch);
+        double numeric = (double(above) - double(below)) / (2.0 * step);
+        ASSERT_NEAR(grad, numeric, 2e-2 * std::max(1.0, std::fabs(numeric))) << "score " << s;
+      }
+    }
+  }
+}
+
+TEST(Codegen, DerivativeRules) {
+  auto loaded = test::LoadedModule::fromString(R"(
+    dflex.score_mod @f(%s: f32, %b: index, %h: index, %q: index, %kv: index) {
+      %c2 = arith.constant 2.0 : f32
+      %sq = arith.mulf %s, %s : f32
+      %e = math.exp %sq : f32
+      %l = math.log1p %sq : f32
+      %d = arith.divf %e, %c2 : f32
+      %m = arith.maximumf %d, %l : f32
+      %t = math.tanh %s : f32
+      %p = math.powf %sq, %c2 : f32
+      %r0 = arith.addf %m, %t : f32
+      %r1 = arith.subf %r0, %p : f32
+      %sqrt = math.sqrt %e : f32
+      %r2 = arith.addf %r1, %sqrt : f32
+      %erf = math.erf %s : f32
+      %r3 = arith.addf %r2, %erf : f32
+      dflex.yield %r3 : f32
+    })");
+  expr::Program program = loaded.program("f");
+  ASSERT_TRUE(codegen::appendScoreDerivative(program).ok());
+  expr::Program derivative = program;
+  derivative.result = program.scoreDerivative;
+  std::vector<Value> scratch;
+  for (float s : {-1.3f, -0.4f, 0.2f, 0.9f, 1.1f}) {
+    double h = 1e-3;
+    double numeric = (double(expr::evaluateScoreMod(program, s + h, 0, 0, 0, 0, {}, scratch)) -
+                      double(expr::evaluateScoreMod(program, s - h, 0, 0, 0, 0, {}, scratch))) /
+                     (2 * h);
+    float symbolic = expr::evaluateScoreMod(derivative, s, 0, 0, 0, 0, {}, scratch);
+    EXPECT_NEAR(symbolic, numeric, 2e-2 * std::max(1.0, std::fabs(numeric))) << "s = " << s;
+  }
+}
+
+TEST(Codegen, NonDifferentiableOpsAreRejectedWithTheirLocation) {
+  auto loaded = test::LoadedModule::fromString(R"(
+    dflex.score_mod @f(%s: f32, %b: index, %h: index, %q: index, %kv: index) {
+      %r = math.floor %s : f32
+      dflex.yield %r : f32
+    })");
+  expr::Program program = loaded.program("f");
+  Status status = codegen::appendScoreDerivative(program);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find(":3:12: error: 'math.floor' is not differentiable"),
+            std::string::npos)
+      << status.message();
+}
+
+TEST(Codegen, PackVariantChecksCaptures) {
+  auto loaded = test::LoadedModule::fromFile(std::string(DFLEX_EXAMPLES_DIR) + "/dflash.mlir");
+  expr::Program mask = loaded.program("dflash");
+  auto layout = codegen::layoutVariant(mask, nullptr);
+  ASSERT_TRUE(layout.ok());
+  std::vector<int32_t> anchors(6);
+  CaptureValue tensor = CaptureValue::ofTensor(anchors.data(), ScalarType::I32, {2, 3});
+  CaptureValue scalar = CaptureValue::ofScalar(Value::ofInt(100));
+  EXPECT_TRUE(codegen::packVariant(layout.value(), {{"anchors", tensor}, {"ctx_len", scalar}}).ok());
+  auto missing = codegen::packVariant(layout.value(), {{"anchors", tensor}});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error(), "capture 'ctx_len' is missing");
+  auto unknown = codegen::packVariant(layout.value(),
+                                      {{"anchors", tensor}, {"ctx_len", scalar}, {"window", scalar}});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.error(), "no capture named 'window'");
+  CaptureValue wrongType = CaptureValue::ofTensor(anchors.data(), ScalarType::I64, {2, 3});
+  auto mistyped = codegen::packVariant(layout.value(), {{"anchors", wrongType}, {"ctx_len", scalar}});
+  ASSERT_FALSE(mistyped.ok());
+  EXPECT_EQ(mistyped.error(), "capture 'anchors' must hold i32, got i64");
+  // The bytes: pointer, sizes, strides, then the scalar.
+  auto bytes = codegen::packVariant(layout.value(), {{"anchors", tensor}, {"ctx_len", scalar}});
+  int64_t words[6];
+  std::memcpy(words, bytes.value().data(), sizeof words);
+  EXPECT_EQ(words[0], static_cast<int64_t>(reinterpret_cast<uintptr_t>(anchors.data())));
+  EXPECT_EQ(words[1], 2);
+  EXPECT_EQ(words[2], 3);
+  EXPECT_EQ(words[3], 3);
+  EXPECT_EQ(words[4], 1);
+  EXPECT_EQ(words[5], 100);
+}
+
+} // namespace

@@ -1,0 +1,84 @@
+//===- GenerateVariants.cpp - emit the examples' variants for a host test -===//
+//
+// Writes a header with the variant struct of every attention spec in the
+// given files, each in its own namespace, and a table the test walks. The
+// test compiles that header with the host compiler: the emitted functors are
+// checked against the interpreter without a GPU.
+//
+//===----------------------------------------------------------------------===//
+
+#include "DFlex/IR/DFlexDialect.h"
+#include "DFlex/IR/DFlexOps.h"
+#include "dflex/Codegen/Derivative.h"
+#include "dflex/Codegen/Variant.h"
+#include "dflex/Interpreter/Lowering.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Parser/Parser.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <fstream>
+#include <sstream>
+
+using namespace mlir;
+
+static FailureOr<::dflex::expr::Program> lower(Operation *spec, FlatSymbolRefAttr symbol) {
+  auto body = SymbolTable::lookupNearestSymbolFrom<mlir::dflex::BodyOpInterface>(spec, symbol);
+  auto program = mlir::dflex::lowerToProgram(body);
+  if (succeeded(program) && program->isScoreMod &&
+      !::dflex::codegen::appendScoreDerivative(*program).ok())
+    return failure();
+  return program;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    llvm::errs() << "usage: generate-variants OUT.h FILE.mlir...\n";
+    return 1;
+  }
+  DialectRegistry registry;
+  registry.insert<mlir::dflex::DFlexDialect, arith::ArithDialect, math::MathDialect>();
+  MLIRContext context(registry);
+  std::ostringstream out, table;
+  out << "// Generated for the codegen host test.\n#pragma once\n"
+         "#include \"dflex/Expr/Semantics.h\"\n\n";
+  table << "static const GeneratedVariant kGeneratedVariants[] = {\n";
+  for (int i = 2; i < argc; ++i) {
+    OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(argv[i], &context);
+    if (!module)
+      return 1;
+    for (auto spec : module->getOps<mlir::dflex::AttentionOp>()) {
+      auto mask = lower(spec, spec.getMaskAttr());
+      std::optional<::dflex::expr::Program> scoreMod;
+      if (spec.getScoreModAttr()) {
+        auto lowered = lower(spec, spec.getScoreModAttr());
+        if (failed(lowered))
+          return 1;
+        scoreMod = *lowered;
+      }
+      if (failed(mask))
+        return 1;
+      auto layout = ::dflex::codegen::layoutVariant(*mask, scoreMod ? &*scoreMod : nullptr);
+      if (!layout.ok())
+        return 1;
+      std::string ns = "generated_" + ::dflex::codegen::sanitizeIdentifier(spec.getSymName().str());
+      out << "namespace " << ns << " {\n"
+          << ::dflex::codegen::emitVariant("Variant", layout.value(), *mask,
+                                           scoreMod ? &*scoreMod : nullptr)
+          << "inline bool mask(const void *v, long long b, long long h, long long q, long long kv) {\n"
+             "  return static_cast<const Variant *>(v)->mask(b, h, q, kv);\n}\n"
+             "inline float scoreMod(const void *v, float s, long long b, long long h, long long q, long long kv) {\n"
+             "  return static_cast<const Variant *>(v)->score_mod(s, b, h, q, kv);\n}\n"
+             "inline float scoreModGrad(const void *v, float s, long long b, long long h, long long q, long long kv) {\n"
+             "  return static_cast<const Variant *>(v)->score_mod_grad(s, b, h, q, kv);\n}\n"
+             "} // namespace " << ns << "\n\n";
+      table << "    {\"" << argv[i] << "\", \"" << spec.getSymName().str() << "\", sizeof("
+            << ns << "::Variant), " << ns << "::mask, " << ns << "::scoreMod, " << ns
+            << "::scoreModGrad},\n";
+    }
+  }
+  table << "};\n";
+  std::ofstream file(argv[1]);
+  file << out.str() << table.str();
+  return file ? 0 : 1;
+}
