@@ -103,17 +103,15 @@ __global__ void __launch_bounds__(Config::kThreads)
   constexpr int kKeyBlocks = Config::kKeyCols / 8;
   constexpr int kChunkBlocks = Config::kGradQChunk / 8;
 
-  // Q, its LSE and delta are double-buffered (the next tile loads during the
-  // whole iteration); dO is single-buffered and reloaded once dV has used it.
   extern __shared__ __align__(16) unsigned char shared_memory[];
   Element* k_tile = reinterpret_cast<Element*>(shared_memory);
   Element* v_tile = k_tile + kBlockN * kHeadDim;
-  Element* q_tiles = v_tile + kBlockN * kHeadDim;  // [2][kBlockM * kHeadDim]
-  Element* grad_o_tile = q_tiles + 2 * kBlockM * kHeadDim;
+  Element* q_tile = v_tile + kBlockN * kHeadDim;
+  Element* grad_o_tile = q_tile + kBlockM * kHeadDim;
   Element* p_tile = grad_o_tile + kBlockM * kHeadDim;
   Element* grad_s_tile = p_tile + kBlockM * kBlockN;
-  float* lse_tiles = reinterpret_cast<float*>(grad_s_tile + kBlockM * kBlockN);  // [2][kBlockM], log2 units
-  float* delta_tiles = lse_tiles + 2 * kBlockM;                                  // [2][kBlockM]
+  float* lse_log2 = reinterpret_cast<float*>(grad_s_tile + kBlockM * kBlockN);  // +inf: row sees nothing
+  float* delta_tile = lse_log2 + kBlockM;
 
   const AttentionShape& shape = params.shape;
   const int thread = threadIdx.x;
@@ -141,55 +139,42 @@ __global__ void __launch_bounds__(Config::kThreads)
   async_load_tile<KVTile, kThreads>(k_tile, k, params.k_strides.row, kv_rows, thread);
   async_load_tile<KVTile, kThreads>(v_tile, v, params.v_strides.row, kv_rows, thread);
 
-  // A work item: query head first_head + head_offset, entry `index` of that
-  // head's tile-list row, which ends at `last`. Items run head by head.
-  struct Cursor {
-    int head_offset;
-    int index;
-    int last;
+  // Work cursor: query head first_head + head_offset, tile-list entry `index`
+  // of that head's row, which ends at `last`.
+  int head_offset = 0;
+  int index = 0;
+  int last = 0;
+  auto open_row = [&](int offset) {
+    const int list_row = params.tiles.row(batch, first_head + offset, key_tile);
+    index = params.tiles.row_offsets[list_row];
+    last = params.tiles.row_offsets[list_row + 1];
   };
-  auto open_row = [&](Cursor& c, int head_offset) {
-    const int list_row = params.tiles.row(batch, first_head + head_offset, key_tile);
-    c.head_offset = head_offset;
-    c.index = params.tiles.row_offsets[list_row];
-    c.last = params.tiles.row_offsets[list_row + 1];
+  auto skip_empty_rows = [&]() {
+    while (index == last && head_offset + 1 < group) open_row(++head_offset);
   };
-  auto skip_empty_rows = [&](Cursor& c) {
-    while (c.index == c.last && c.head_offset + 1 < group) open_row(c, c.head_offset + 1);
-  };
-  auto q_start_of = [&](const Cursor& c) { return tile_entry_index(params.tiles.entries[c.index]) * kBlockM; };
-  auto load_query_tile = [&](const Cursor& c, int stage) {
-    const int head = first_head + c.head_offset;
-    const int q_start = q_start_of(c);
+  auto load_queries = [&]() {
+    const int head = first_head + head_offset;
+    const int q_start = tile_entry_index(params.tiles.entries[index]) * kBlockM;
     const int q_rows = min(kBlockM, shape.q_len - q_start);
     const Element* q = static_cast<const Element*>(params.q) + batch * params.q_strides.batch +
                        head * params.q_strides.head + q_start * params.q_strides.row;
-    async_load_tile<QTile, kThreads>(q_tiles + stage * kBlockM * kHeadDim, q, params.q_strides.row, q_rows, thread);
+    const Element* grad_o = static_cast<const Element*>(params.grad_o) + batch * params.grad_o_strides.batch +
+                            head * params.grad_o_strides.head + q_start * params.grad_o_strides.row;
+    async_load_tile<QTile, kThreads>(q_tile, q, params.q_strides.row, q_rows, thread);
+    async_load_tile<QTile, kThreads>(grad_o_tile, grad_o, params.grad_o_strides.row, q_rows, thread);
     const long long row_base = (static_cast<long long>(batch) * shape.q_heads + head) * shape.q_len + q_start;
     for (int i = thread; i < kBlockM; i += kThreads) {
       const bool in_range = i < q_rows;
       const float lse = in_range ? params.lse[row_base + i] : negative_infinity();
-      // P = exp2(logit - lse) is then 0 for rows that see nothing and for padding.
-      lse_tiles[stage * kBlockM + i] = lse == negative_infinity() ? positive_infinity() : lse * kLog2e;
-      delta_tiles[stage * kBlockM + i] = in_range ? params.delta[row_base + i] : 0.f;
+      // P = exp2(logit - lse_log2) is then 0 for rows that see nothing and for padding.
+      lse_log2[i] = lse == negative_infinity() ? positive_infinity() : lse * kLog2e;
+      delta_tile[i] = in_range ? params.delta[row_base + i] : 0.f;
     }
   };
-  auto load_grad_o_tile = [&](const Cursor& c) {
-    const int head = first_head + c.head_offset;
-    const int q_start = q_start_of(c);
-    const Element* grad_o = static_cast<const Element*>(params.grad_o) + batch * params.grad_o_strides.batch +
-                            head * params.grad_o_strides.head + q_start * params.grad_o_strides.row;
-    async_load_tile<QTile, kThreads>(grad_o_tile, grad_o, params.grad_o_strides.row,
-                                     min(kBlockM, shape.q_len - q_start), thread);
-  };
 
-  Cursor current;
-  open_row(current, 0);
-  skip_empty_rows(current);
-  if (current.index < current.last) {
-    load_query_tile(current, 0);
-    load_grad_o_tile(current);
-  }
+  open_row(0);
+  skip_empty_rows();
+  if (index < last) load_queries();
   cp_async_commit();
 
   float grad_k[kKeyBlocks][4];
@@ -197,22 +182,15 @@ __global__ void __launch_bounds__(Config::kThreads)
   zero(grad_k);
   zero(grad_v);
 
-  for (int stage = 0; current.index < current.last; stage ^= 1) {
-    const int head = first_head + current.head_offset;
-    const int entry = params.tiles.entries[current.index];
+  while (index < last) {
+    const int head = first_head + head_offset;
+    const int entry = params.tiles.entries[index];
     const int q_start = tile_entry_index(entry) * kBlockM;
     const bool partial = tile_entry_partial(entry);
     const bool checked = partial || q_start + kBlockM > shape.q_len || kv_rows < kBlockN;
-    const Element* q_tile = q_tiles + stage * kBlockM * kHeadDim;
-    Cursor next = current;
-    ++next.index;
-    skip_empty_rows(next);
-    const bool has_next = next.index < next.last;
 
     cp_async_wait<0>();  // Q, dO (and on the first pass K, V) have landed
-    __syncthreads();     // ... for every thread, and everyone is done with the previous item
-    if (has_next) load_query_tile(next, stage ^ 1);
-    cp_async_commit();
+    __syncthreads();     // ... for every thread, and everyone is done with the previous dS
 
     float scores[kScoreBlocks][4];
     float grad_p[kScoreBlocks][4];
@@ -227,10 +205,8 @@ __global__ void __launch_bounds__(Config::kThreads)
     const LogitMap<Variant> logits(variant, batch, head, shape.scale);
     const int row_upper = score_row0 + (lane >> 2);
     const int col_first = score_col0 + 2 * (lane & 3);
-    const float* lse_log2 = lse_tiles + stage * kBlockM;
-    const float* delta = delta_tiles + stage * kBlockM;
     const float row_lse[2] = {lse_log2[row_upper], lse_log2[row_upper + 8]};
-    const float row_delta[2] = {delta[row_upper], delta[row_upper + 8]};
+    const float row_delta[2] = {delta_tile[row_upper], delta_tile[row_upper + 8]};
 #pragma unroll
     for (int j = 0; j < kScoreBlocks; ++j) {
 #pragma unroll
@@ -251,16 +227,17 @@ __global__ void __launch_bounds__(Config::kThreads)
     store_accumulator<ScoreTile>(grad_s_tile, grad_p, 1.f, 1.f, score_row0, score_col0, lane);
     __syncthreads();
 
-    // dV += P^T dO; then dO is free for the next item.
+    // dV += P^T dO, dK += dS^T Q.
     warp_mma<Element, kKeyBlocks, kBlockM / 16, true, true, ScoreTile, QTile>(grad_v, p_tile, key_row0, 0,
                                                                             grad_o_tile, key_col0, 0, lane);
-    __syncthreads();
-    if (has_next) load_grad_o_tile(next);
-    cp_async_commit();
-
-    // dK += dS^T Q.
     warp_mma<Element, kKeyBlocks, kBlockM / 16, true, true, ScoreTile, QTile>(grad_k, grad_s_tile, key_row0, 0,
                                                                             q_tile, key_col0, 0, lane);
+    __syncthreads();  // Q, dO, LSE and delta buffers are free: fetch the next query tile
+
+    ++index;
+    skip_empty_rows();
+    if (index < last) load_queries();
+    cp_async_commit();
 
     // dQ += dS K, straight into the fp32 accumulator of (head, q_start).
     float* accum = params.grad_q_accum +
@@ -284,7 +261,6 @@ __global__ void __launch_bounds__(Config::kThreads)
         }
       }
     }
-    current = next;
   }
 
   // Stage dK and dV through the K and V buffers for 16-byte stores.

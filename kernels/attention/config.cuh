@@ -54,12 +54,11 @@ struct AttentionBackwardConfig {
   static constexpr int kQueryWarpsN = kWarps / (kBlockM / 16);
   static constexpr int kQueryCols = kHeadDim / kQueryWarpsN;
 
-  using QTile = SwizzledTile<kBlockM, kHeadDim>;      // Q (two buffers) and dO
+  using QTile = SwizzledTile<kBlockM, kHeadDim>;      // Q and dO
   using KVTile = SwizzledTile<kBlockN, kHeadDim>;     // K and V, then dK and dV on the way out
   using ScoreTile = SwizzledTile<kBlockM, kBlockN>;   // P and dS
-  // Plus LSE and delta of two query tiles.
   static constexpr int kSharedBytes =
-      2 * KVTile::kBytes + 3 * QTile::kBytes + 2 * ScoreTile::kBytes + 4 * kBlockM * int(sizeof(float));
+      2 * KVTile::kBytes + 2 * QTile::kBytes + 2 * ScoreTile::kBytes + 2 * kBlockM * int(sizeof(float));
 
   static_assert(kHeadDim % 64 == 0, "head_dim must be a multiple of 64");
   static_assert(kWarps % (kBlockM / 16) == 0 && kWarps % (kBlockN / 16) == 0,
@@ -83,19 +82,19 @@ struct DefaultAttentionConfigs;
 template <class Element>
 struct DefaultAttentionConfigs<Element, 64> {
   using Forward = AttentionForwardConfig<Element, 64, 128, 64, 4>;             // 32 KB
-  using Backward = AttentionBackwardConfig<Element, 64, 64, 64, 4, 32>;       // 56 KB
+  using Backward = AttentionBackwardConfig<Element, 64, 64, 64, 4, 32>;       // 48.5 KB
 };
 
 template <class Element>
 struct DefaultAttentionConfigs<Element, 128> {
-  using Forward = AttentionForwardConfig<Element, 128, 128, 64, 4>;            // 64 KB
-  using Backward = AttentionBackwardConfig<Element, 128, 64, 64, 8, 32>;      // 97 KB
+  using Forward = AttentionForwardConfig<Element, 128, 64, 64, 4>;             // 48 KB
+  using Backward = AttentionBackwardConfig<Element, 128, 64, 64, 8, 32>;      // 80.5 KB
 };
 
 template <class Element>
 struct DefaultAttentionConfigs<Element, 256> {
   using Forward = AttentionForwardConfig<Element, 256, 64, 64, 4>;             // 96 KB
-  using Backward = AttentionBackwardConfig<Element, 256, 32, 32, 4, 32>;      // 84.5 KB
+  using Backward = AttentionBackwardConfig<Element, 256, 32, 32, 4, 32>;      // 68.25 KB
 };
 
 }  // namespace kernels

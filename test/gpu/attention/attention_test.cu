@@ -783,11 +783,9 @@ void run_sweep() {
   print_timing_header();
   with_dflash_timing_problem([](const auto& t) {
     time_configs<Defaults::Forward, Defaults::Backward>(t);
-    time_configs<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>(t);
-    time_configs<AttentionForwardConfig<Element, 128, 64, 64, 2>, Defaults::Backward>(t);
-    time_configs<AttentionForwardConfig<Element, 128, 128, 128, 8>, Defaults::Backward>(t);
+    time_configs<AttentionForwardConfig<Element, 128, 128, 64, 4>, Defaults::Backward>(t);
+    time_configs<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 128, 8, 32>>(t);
     time_configs<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>(t);
-    time_configs<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 64, 4, 32>>(t);
   });
 }
 

@@ -1,0 +1,149 @@
+// Compile-time configuration of the chunked gated-delta-rule kernels: what a
+// `dflex.gated_delta` spec fixes (key/value dims, gate kind, delta rule, q/k
+// L2 normalisation, in-kernel gate, initial/final state, varlen), the tiles
+// derived from it, and the shared memory of every kernel, each checked against
+// sm_120's 101,376 B per block.
+#pragma once
+
+#include "../common/mma.cuh"
+
+namespace dflex {
+namespace kernels {
+
+enum class GateKind { kNone, kScalarLog, kChannelLog };
+
+constexpr int kGatedDeltaChunk = 64;  // tokens per chunk (the WY / UT block)
+
+__host__ __device__ constexpr int align_up_128(int bytes) { return (bytes + 127) / 128 * 128; }
+
+template <int kKeyDim_, int kValueDim_, GateKind kGate_, bool kDeltaRule_, bool kQkL2Norm_, bool kInKernelGate_,
+          bool kInitialState_, bool kFinalState_, bool kVarlen_>
+struct GatedDeltaConfig {
+  using Element = __nv_bfloat16;
+  static constexpr int kKeyDim = kKeyDim_;
+  static constexpr int kValueDim = kValueDim_;
+  static constexpr GateKind kGate = kGate_;
+  static constexpr bool kDeltaRule = kDeltaRule_;
+  static constexpr bool kQkL2Norm = kQkL2Norm_;
+  static constexpr bool kInKernelGate = kInKernelGate_;
+  static constexpr bool kInitialState = kInitialState_;
+  static constexpr bool kFinalState = kFinalState_;
+  static constexpr bool kVarlen = kVarlen_;
+  static constexpr bool kHasGate = kGate != GateKind::kNone;
+
+  static_assert(kKeyDim == 64 || kKeyDim == 128, "gated delta: key_dim must be 64 or 128");
+  static_assert(kValueDim == 64 || kValueDim == 128, "gated delta: value_dim must be 64 or 128");
+  static_assert(kGate != GateKind::kChannelLog,
+                "gated delta: gate(channel_log) is not supported by these kernels (per-channel decay needs "
+                "sub-chunk rescaling that is not implemented)");
+  static_assert(!kInKernelGate || kGate == GateKind::kScalarLog, "gated delta: in_kernel_gate requires gate(scalar_log)");
+
+  static constexpr int kChunk = kGatedDeltaChunk;
+  // Value columns per block of the sequential state kernels and per step of
+  // the backward chunk kernel: the state recurrence is independent per value
+  // column, so more blocks run side by side over the heads.
+  static constexpr int kValueBlock = 32;
+  static constexpr int kThreads = 128;          // every kernel but the backward chunk kernel
+  static constexpr int kChunkBackwardThreads = 256;
+  static constexpr int kWarps = kThreads / 32;
+
+  using KeyTile = SwizzledTile<kChunk, kKeyDim>;            // q, k, W, decayed k of one chunk
+  using ValueTile = SwizzledTile<kChunk, kValueDim>;        // v, delta, dO of one chunk
+  using ChunkTile = SwizzledTile<kChunk, kChunk>;           // T, P, dP, G
+  using StateTile = SwizzledTile<kKeyDim, kValueDim>;       // one chunk state
+  using ValueBlockTile = SwizzledTile<kChunk, kValueBlock>; // a value-column block of a chunk tile
+  using StateBlockTile = SwizzledTile<kKeyDim, kValueBlock>;  // a value-column block of a state
+  using HalfStateTile = SwizzledTile<kKeyDim, 64>;          // 64 value columns of a state
+
+  // State rows per warp in the state kernels (the state is kKeyDim x kValueBlock).
+  static constexpr int kStateRowsPerWarp = kKeyDim / kWarps;
+  static constexpr int kStateAtoms = kStateRowsPerWarp / 16;
+  static_assert(kStateAtoms * 16 * kWarps == kKeyDim, "state rows must split into 16-row blocks per warp");
+  static_assert(kValueDim % kValueBlock == 0, "value dim must be whole value blocks");
+
+  static constexpr int kFloatRow = kChunk + 1;  // padded fp32 rows of the in-chunk solve
+
+  // Forward prepare: k, v, T (bf16), A and T (fp32), block-row scratch, gates.
+  struct ForwardPrepare {
+    static constexpr int kKeys = 0;
+    static constexpr int kValues = kKeys + KeyTile::kBytes;
+    static constexpr int kTInverse = kValues + (kDeltaRule ? ValueTile::kBytes : 0);
+    static constexpr int kAFloat = kTInverse + (kDeltaRule ? ChunkTile::kBytes : 0);
+    static constexpr int kTFloat = kAFloat + (kDeltaRule ? align_up_128(kChunk * kFloatRow * 4) : 0);
+    static constexpr int kBlockRows = kTFloat + (kDeltaRule ? align_up_128(kChunk * kFloatRow * 4) : 0);
+    static constexpr int kGates = kBlockRows + (kDeltaRule ? align_up_128(16 * 49 * 4) : 0);
+    static constexpr int kBytes = kGates + align_up_128((3 * kChunk + 2) * 4);
+  };
+  // Forward state: two stages of (W, decayed k, U block), the state and delta blocks.
+  struct ForwardState {
+    static constexpr int kStageBytes = (kDeltaRule ? KeyTile::kBytes : 0) + KeyTile::kBytes + ValueBlockTile::kBytes;
+    static constexpr int kStages = 0;
+    static constexpr int kState = kStages + 2 * kStageBytes;
+    static constexpr int kDelta = kState + StateBlockTile::kBytes;
+    static constexpr int kBytes = kDelta + ValueBlockTile::kBytes;
+  };
+  // Forward output: q, k, chunk state, delta, P, gates.
+  struct ForwardOutput {
+    static constexpr int kQueries = 0;
+    static constexpr int kKeys = kQueries + KeyTile::kBytes;
+    static constexpr int kState = kKeys + KeyTile::kBytes;
+    static constexpr int kDelta = kState + StateTile::kBytes;
+    static constexpr int kScores = kDelta + ValueTile::kBytes;
+    static constexpr int kGates = kScores + ChunkTile::kBytes;
+    static constexpr int kBytes = kGates + align_up_128(kChunk * 4);
+  };
+  // Backward prepare: q, k, dO, P, an output staging tile, gates.
+  struct BackwardPrepare {
+    static constexpr int kStagingBytes =
+        ValueTile::kBytes > HalfStateTile::kBytes ? ValueTile::kBytes : HalfStateTile::kBytes;
+    static constexpr int kQueries = 0;
+    static constexpr int kKeys = kQueries + KeyTile::kBytes;
+    static constexpr int kGradO = kKeys + KeyTile::kBytes;
+    static constexpr int kScores = kGradO + ValueTile::kBytes;
+    static constexpr int kStaging = kScores + ChunkTile::kBytes;
+    static constexpr int kGates = kStaging + kStagingBytes;
+    static constexpr int kBytes = kGates + align_up_128(kChunk * 4);
+  };
+  // Backward state: two stages of (M block, decayed k, d delta block), W, dS block.
+  struct BackwardState {
+    static constexpr int kStageBytes = StateBlockTile::kBytes + KeyTile::kBytes + ValueBlockTile::kBytes;
+    static constexpr int kStages = 0;
+    static constexpr int kW = kStages + 2 * kStageBytes;
+    static constexpr int kStateGrad = kW + (kDeltaRule ? KeyTile::kBytes : 0);
+    static constexpr int kBytes = kStateGrad + StateBlockTile::kBytes;
+  };
+  // Backward chunk: q, k, T, the per-value-block tiles (reused for dP o Gamma
+  // and G after the value loop), per-row scalars.
+  struct BackwardChunk {
+    static constexpr int kQueries = 0;
+    static constexpr int kKeys = kQueries + KeyTile::kBytes;
+    static constexpr int kTInverse = kKeys + KeyTile::kBytes;
+    static constexpr int kGradO = kTInverse + (kDeltaRule ? ChunkTile::kBytes : 0);
+    static constexpr int kStateBlock = kGradO + ValueBlockTile::kBytes;
+    static constexpr int kStateGradBlock = kStateBlock + StateBlockTile::kBytes;
+    static constexpr int kDeltaBlock = kStateGradBlock + StateBlockTile::kBytes;  // delta (v without the rule)
+    static constexpr int kGradDeltaBlock = kDeltaBlock + ValueBlockTile::kBytes;
+    static constexpr int kValueBlockOffset = kGradDeltaBlock + (kDeltaRule ? ValueBlockTile::kBytes : 0);
+    static constexpr int kGradX = kValueBlockOffset + (kDeltaRule ? ValueBlockTile::kBytes : 0);
+    static constexpr int kDecayedGradX = kGradX + (kDeltaRule ? ValueBlockTile::kBytes : 0);
+    static constexpr int kBlocksEnd = kDecayedGradX + (kDeltaRule ? ValueBlockTile::kBytes : 0);
+    // After the value loop: dP o Gamma and G overlay the block tiles.
+    static constexpr int kScoreGrad = kGradO;
+    static constexpr int kG = kScoreGrad + ChunkTile::kBytes;
+    static constexpr int kScalars = kBlocksEnd;
+    static constexpr int kScalarRows = 9;  // gate, beta, 1/|q|, 1/|k|, dgate, dbeta, r, q.dq, k.dk
+    static constexpr int kBytes = kScalars + align_up_128((kScalarRows * kChunk + 8) * 4);
+    static_assert(kG + (kDeltaRule ? ChunkTile::kBytes : 0) <= kBlocksEnd,
+                  "dP o Gamma and G must fit over the value-block tiles");
+  };
+
+  static_assert(ForwardPrepare::kBytes <= kMaxSharedMemoryPerBlock, "gated delta forward prepare exceeds sm_120 shared memory");
+  static_assert(ForwardState::kBytes <= kMaxSharedMemoryPerBlock, "gated delta forward state exceeds sm_120 shared memory");
+  static_assert(ForwardOutput::kBytes <= kMaxSharedMemoryPerBlock, "gated delta forward output exceeds sm_120 shared memory");
+  static_assert(BackwardPrepare::kBytes <= kMaxSharedMemoryPerBlock, "gated delta backward prepare exceeds sm_120 shared memory");
+  static_assert(BackwardState::kBytes <= kMaxSharedMemoryPerBlock, "gated delta backward state exceeds sm_120 shared memory");
+  static_assert(BackwardChunk::kBytes <= kMaxSharedMemoryPerBlock, "gated delta backward chunk exceeds sm_120 shared memory");
+};
+
+}  // namespace kernels
+}  // namespace dflex
