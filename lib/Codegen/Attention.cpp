@@ -32,7 +32,8 @@ Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
          << " key/value heads, head_dim " << spec.qkHeadDim << ", " << spec.elementType
          << ".\n"
          << "#include \"dflex/Expr/Semantics.h\"\n"
-         << "#include \"attention/attention.cuh\"\n\n"
+         << "#include \"attention/attention.cuh\"\n"
+         << "#include \"analysis/tile_classify.cuh\"\n\n"
          << "namespace dflex_generated {\n\n"
          << emitVariant("Variant", layout.value(), mask, scoreMod) << "\n"
          << "using Configs = " << configs << ";\n\n"
@@ -49,7 +50,9 @@ Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
             "dflex_generated::Configs::Backward::kSharedBytes,\n"
          << "    dflex_generated::Configs::Backward::kBlockM, "
             "dflex_generated::Configs::Backward::kBlockN,\n"
-         << "    ::dflex::kernels::kRowKernelThreads};\n";
+         << "    ::dflex::kernels::kRowKernelThreads};\n"
+         << "extern \"C\" __device__ const int dflex_tile_classify_launch[1] = {\n"
+         << "    ::dflex::kernels::kTileClassifyThreads};\n";
 
   GeneratedModule module;
   module.name = spec.name;
@@ -68,11 +71,13 @@ Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
        "dflex::kernels::attention_backward_kernel<" + backward + ", " + variant + ">"},
       {"attention_backward_grad_q",
        "dflex::kernels::attention_backward_grad_q_kernel<" + backward + ">"},
+      {"tile_classify", "dflex::kernels::tile_classify_kernel<" + variant + ">"},
   };
   module.launchConstants = {
       {"dflex_forward_launch", {"threads", "shared_bytes", "block_m", "block_n"}},
       {"dflex_backward_launch",
        {"threads", "shared_bytes", "block_m", "block_n", "row_kernel_threads"}},
+      {"dflex_tile_classify_launch", {"threads"}},
   };
   return module;
 }

@@ -23,6 +23,7 @@ struct GeneratedVariant {
   bool (*mask)(const void *, long long, long long, long long, long long);
   float (*scoreMod)(const void *, float, long long, long long, long long, long long);
   float (*scoreModGrad)(const void *, float, long long, long long, long long, long long);
+  int (*classifyTile)(const void *, int, int, int, int, int, int, int, int);
 };
 #include "GeneratedVariants.h"
 
@@ -153,6 +154,45 @@ TEST(Codegen, EmittedVariantsMatchTheInterpreter) {
         ASSERT_NEAR(grad, numeric, 2e-2 * std::max(1.0, std::fabs(numeric))) << "score " << s;
       }
     }
+  }
+}
+
+TEST(Codegen, TileClassificationMatchesBruteForce) {
+  std::mt19937_64 rng(7);
+  for (const GeneratedVariant &generated : kGeneratedVariants) {
+    SCOPED_TRACE(std::string(generated.file) + " @" + generated.spec);
+    auto loaded = test::LoadedModule::fromFile(generated.file);
+    auto spec = mlir::SymbolTable::lookupNearestSymbolFrom<mlir::dflex::AttentionOp>(
+        *loaded.module, mlir::StringAttr::get(loaded.context.get(), generated.spec));
+    expr::Program mask = loaded.program(spec.getMask());
+    // The mask's captures come first in the variant: a mask-only layout is a
+    // prefix of the full one, and score_mod captures may stay zero here.
+    auto layout = codegen::layoutVariant(mask, nullptr);
+    RandomCaptures captures = randomCaptures(layout.value(), rng);
+    std::vector<uint64_t> variant(generated.size / 8 + 1, 0);
+    auto bytes = codegen::packVariant(layout.value(), captures.bound);
+    ASSERT_TRUE(bytes.ok());
+    std::memcpy(variant.data(), bytes.value().data(), bytes.value().size());
+    std::vector<CaptureValue> maskCaptures = captures.ordered(mask);
+    std::vector<Value> scratch;
+    int classes[3] = {0, 0, 0};
+    for (int n = 0; n < 300; ++n) {
+      int tileM = 16 << (rng() % 3), tileN = 16 << (rng() % 3);
+      int qLen = 1 + rng() % 300, kvLen = 1 + rng() % 300;
+      int qTile = rng() % ((qLen + tileM - 1) / tileM), kvTile = rng() % ((kvLen + tileN - 1) / tileN);
+      int b = rng() % 3, h = rng() % spec.getNumQHeads();
+      int64_t visible = 0, pairs = 0;
+      for (int64_t q = int64_t(qTile) * tileM; q < std::min<int64_t>(qLen, int64_t(qTile + 1) * tileM); ++q)
+        for (int64_t kv = int64_t(kvTile) * tileN; kv < std::min<int64_t>(kvLen, int64_t(kvTile + 1) * tileN); ++kv) {
+          visible += expr::evaluateMask(mask, b, h, q, kv, maskCaptures, scratch);
+          ++pairs;
+        }
+      int expected = visible == 0 ? 0 : visible == pairs ? 2 : 1;
+      ASSERT_EQ(generated.classifyTile(variant.data(), b, h, qTile, kvTile, qLen, kvLen, tileM, tileN),
+                expected);
+      ++classes[expected];
+    }
+    EXPECT_GT(classes[0] + classes[1] + classes[2], 0);
   }
 }
 

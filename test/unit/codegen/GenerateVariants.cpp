@@ -41,7 +41,9 @@ int main(int argc, char **argv) {
   MLIRContext context(registry);
   std::ostringstream out, table;
   out << "// Generated for the codegen host test.\n#pragma once\n"
-         "#include \"dflex/Expr/Semantics.h\"\n\n";
+         "#include \"dflex/Expr/Semantics.h\"\n"
+         "#define __host__\n#define __device__\n#define __forceinline__ inline\n"
+         "#include \"analysis/tile_classify.cuh\"\n\n";
   table << "static const GeneratedVariant kGeneratedVariants[] = {\n";
   for (int i = 2; i < argc; ++i) {
     OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(argv[i], &context);
@@ -71,10 +73,13 @@ int main(int argc, char **argv) {
              "  return static_cast<const Variant *>(v)->score_mod(s, b, h, q, kv);\n}\n"
              "inline float scoreModGrad(const void *v, float s, long long b, long long h, long long q, long long kv) {\n"
              "  return static_cast<const Variant *>(v)->score_mod_grad(s, b, h, q, kv);\n}\n"
+             "inline int classifyTile(const void *v, int b, int h, int qTile, int kvTile, int qLen, int kvLen, int tileM, int tileN) {\n"
+             "  return ::dflex::kernels::classify_tile_serial(*static_cast<const Variant *>(v),\n"
+             "      ::dflex::kernels::TileCandidate{b, h, qTile, kvTile}, qLen, kvLen, tileM, tileN);\n}\n"
              "} // namespace " << ns << "\n\n";
       table << "    {\"" << argv[i] << "\", \"" << spec.getSymName().str() << "\", sizeof("
             << ns << "::Variant), " << ns << "::mask, " << ns << "::scoreMod, " << ns
-            << "::scoreModGrad},\n";
+            << "::scoreModGrad, " << ns << "::classifyTile},\n";
     }
   }
   table << "};\n";
