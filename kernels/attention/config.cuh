@@ -71,30 +71,50 @@ struct AttentionBackwardConfig {
   static_assert(kSharedBytes <= kMaxSharedMemoryPerBlock, "backward config exceeds sm_120 shared memory per block");
 };
 
+// Type selection without <type_traits> (NVRTC compiles these headers too).
+template <bool kFirst, class First, class Second>
+struct Select {
+  using Type = First;
+};
+template <class First, class Second>
+struct Select<false, First, Second> {
+  using Type = Second;
+};
+
 // Threads per block of the row-wise kernels (backward preprocess, dQ
 // conversion): one warp per (batch, head, query) row.
 constexpr int kRowKernelThreads = 256;
 
-// The configurations dflex instantiates, per element type and head dim.
-template <class Element, int kHeadDim>
+// The configurations dflex instantiates, per element type, head dim and
+// target (kComputeCapability 90: H100/H200; 120: RTX PRO 6000 / RTX 5090).
+// sm_90 forwards give each warp 32 query rows where registers allow (each K/V
+// fragment read from shared memory serves twice the rows); sm_120's compiler
+// spills those, so its forwards keep 16 rows per warp.
+template <class Element, int kHeadDim, int kComputeCapability = 90>
 struct DefaultAttentionConfigs;
 
-template <class Element>
-struct DefaultAttentionConfigs<Element, 64> {
-  using Forward = AttentionForwardConfig<Element, 64, 128, 64, 4>;             // 32 KB
-  using Backward = AttentionBackwardConfig<Element, 64, 64, 64, 4, 32>;       // 48.5 KB
+template <class Element, int kComputeCapability>
+struct DefaultAttentionConfigs<Element, 64, kComputeCapability> {
+  using Forward = typename Select<(kComputeCapability >= 120),
+                                  AttentionForwardConfig<Element, 64, 64, 64, 4>,      // 24 KB
+                                  AttentionForwardConfig<Element, 64, 128, 64, 4>>::Type;  // 32 KB
+  using Backward = AttentionBackwardConfig<Element, 64, 64, 64, 4, 32>;                // 48.5 KB
 };
 
-template <class Element>
-struct DefaultAttentionConfigs<Element, 128> {
-  using Forward = AttentionForwardConfig<Element, 128, 64, 64, 4>;             // 48 KB
-  using Backward = AttentionBackwardConfig<Element, 128, 64, 64, 8, 32>;      // 80.5 KB
+template <class Element, int kComputeCapability>
+struct DefaultAttentionConfigs<Element, 128, kComputeCapability> {
+  using Forward = typename Select<(kComputeCapability >= 120),
+                                  AttentionForwardConfig<Element, 128, 64, 64, 4>,      // 48 KB
+                                  AttentionForwardConfig<Element, 128, 128, 64, 4>>::Type;  // 64 KB
+  using Backward = AttentionBackwardConfig<Element, 128, 64, 64, 8, 32>;               // 80.5 KB
 };
 
-template <class Element>
-struct DefaultAttentionConfigs<Element, 256> {
-  using Forward = AttentionForwardConfig<Element, 256, 64, 64, 4>;             // 96 KB
-  using Backward = AttentionBackwardConfig<Element, 256, 32, 32, 4, 32>;      // 68.25 KB
+template <class Element, int kComputeCapability>
+struct DefaultAttentionConfigs<Element, 256, kComputeCapability> {
+  using Forward = typename Select<(kComputeCapability >= 120),
+                                  AttentionForwardConfig<Element, 256, 64, 32, 4>,      // 64 KB
+                                  AttentionForwardConfig<Element, 256, 64, 64, 4>>::Type;  // 96 KB
+  using Backward = AttentionBackwardConfig<Element, 256, 32, 32, 4, 32>;               // 68.25 KB
 };
 
 }  // namespace kernels

@@ -72,7 +72,7 @@ struct GatedDeltaConfig {
     static constexpr int kTFloat = kAFloat + (kDeltaRule ? align_up_128(kChunk * kFloatRow * 4) : 0);
     static constexpr int kBlockRows = kTFloat + (kDeltaRule ? align_up_128(kChunk * kFloatRow * 4) : 0);
     static constexpr int kGates = kBlockRows + (kDeltaRule ? align_up_128(16 * 49 * 4) : 0);
-    static constexpr int kBytes = kGates + align_up_128((3 * kChunk + 2) * 4);
+    static constexpr int kBytes = kGates + align_up_128((4 * kChunk + 2) * 4);
   };
   // Forward state: two stages of (W, decayed k, U block), the state and delta blocks.
   struct ForwardState {

@@ -371,9 +371,11 @@ struct CaseSpec {
 int g_failures = 0;
 std::string g_filter;  // run only the cases whose name contains it
 
-template <class Element, int kHeadDim, class Variant>
+// Runs with the default configs of compute capability kTarget (the kernels
+// themselves run on whatever device is present).
+template <class Element, int kHeadDim, int kTarget = 90, class Variant>
 void check_case(const CaseSpec& spec, const Variant& host_variant, const Variant& device_variant) {
-  using Configs = DefaultAttentionConfigs<Element, kHeadDim>;
+  using Configs = DefaultAttentionConfigs<Element, kHeadDim, kTarget>;
   using Run = AttentionRun<typename Configs::Forward, typename Configs::Backward>;
   if (spec.name.find(g_filter) == std::string::npos) return;
   const Problem& p = spec.problem;
@@ -454,7 +456,7 @@ std::vector<int> make_anchors(int batch, int blocks, int first_position, int con
   return anchors;
 }
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kTarget = 90>
 void check_dflash(const std::string& name, int batch, int q_heads, int kv_heads, int blocks, int context_len,
                   int padded, unsigned long long seed) {
   std::mt19937_64 rng(seed);
@@ -475,7 +477,7 @@ void check_dflash(const std::string& name, int batch, int q_heads, int kv_heads,
                          1.0 / std::sqrt(static_cast<double>(kHeadDim))};
   spec.list_batches = batch;
   spec.seed = seed;
-  check_case<Element, kHeadDim>(spec, host_variant, device_variant);
+  check_case<Element, kHeadDim, kTarget>(spec, host_variant, device_variant);
 }
 
 Problem square_problem(int batch, int q_heads, int kv_heads, int q_len, int kv_len, int head_dim) {
@@ -552,6 +554,19 @@ void run_checks() {
     spec.layout = Layout::kBHTD;
     spec.seed = 13;
     check_case<__half, 256>(spec, CausalVariant{}, CausalVariant{});
+  }
+  // The sm_120 default configs (their forwards differ), run here on this device.
+  {
+    CaseSpec spec{"sm120 cfg: causal odd", square_problem(1, 4, 2, 999, 999, 64)};
+    spec.seed = 14;
+    check_case<__nv_bfloat16, 64, 120>(spec, CausalVariant{}, CausalVariant{});
+  }
+  check_dflash<__nv_bfloat16, 128, 120>("sm120 cfg: dflash gqa4", 1, 8, 2, 40, 600, 4, 15);
+  {
+    CaseSpec spec{"sm120 cfg: softcap causal", square_problem(1, 4, 2, 555, 555, 256)};
+    spec.problem.scale = 0.25;
+    spec.seed = 16;
+    check_case<__nv_bfloat16, 256, 120>(spec, SoftcapCausalVariant{15.f}, SoftcapCausalVariant{15.f});
   }
 }
 
@@ -783,7 +798,7 @@ void run_sweep() {
   print_timing_header();
   with_dflash_timing_problem([](const auto& t) {
     time_configs<Defaults::Forward, Defaults::Backward>(t);
-    time_configs<AttentionForwardConfig<Element, 128, 128, 64, 4>, Defaults::Backward>(t);
+    time_configs<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>(t);
     time_configs<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 128, 8, 32>>(t);
     time_configs<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>(t);
   });

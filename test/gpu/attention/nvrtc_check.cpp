@@ -45,7 +45,8 @@ bool compile(const std::string& kernels_dir, const char* arch, int head_dim) {
   if (!check(nvrtcCreateProgram(&program, kSource, "generated.cu", 0, nullptr, nullptr), "nvrtcCreateProgram")) {
     return false;
   }
-  const std::string config = "dflex::kernels::DefaultAttentionConfigs<__nv_bfloat16, " + std::to_string(head_dim) + ">";
+  const std::string config = "dflex::kernels::DefaultAttentionConfigs<__nv_bfloat16, " + std::to_string(head_dim) +
+                             ", " + (std::string(arch) == "sm_120" ? "120" : "90") + ">";
   const std::vector<std::string> names = {
       "dflex::kernels::attention_forward_kernel<" + config + "::Forward, GeneratedVariant>",
       "dflex::kernels::attention_backward_kernel<" + config + "::Backward, GeneratedVariant>",

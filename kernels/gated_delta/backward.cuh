@@ -1,0 +1,750 @@
+// Backward of the chunked gated delta rule. It reads the forward's workspace
+// (gates, W, decayed keys, delta, T, chunk states) and runs, in order:
+//
+//   prepare   grid (max_chunks, Hv), kThreads        per chunk, in parallel:
+//             d delta partial = scale lower(Q K^T o Gamma)^T dO  -> grad_delta
+//             M = scale Q^T E dO  (Dk x Dv)                      -> chunk_state_grads
+//   state     grid (Dv / kValueBlock, Hv, N), kThreads   sequential, last chunk first, dS = dL/d(state):
+//             dH of each chunk (= dS at its end)                 -> chunk_state_grads (over M)
+//             d delta = partial + (D K) dS                        -> grad_delta (grad_v without the rule)
+//             dS = exp(c_last) dS + M - W^T d delta; d initial state
+//   chunk     grid (max_chunks, Hv), kChunkBackwardThreads   per chunk, in parallel: dq, dk, dv,
+//             dg, dbeta (or da, db and per-chunk dA_log, d dt_bias partials)
+//   finalize  grid ceil(T Hk / 8), 256 threads        only when Hv > Hk: dq, dk summed over the group
+//             (fp32 accumulators) through the L2 normalisation to bf16
+//   gate_params  grid Hv, 256 threads                 only with the in-kernel gate: dA_log, d dt_bias
+//
+// The chunk kernel's algebra (docs/gated-delta.md): with dX = T^T d delta,
+//   dV = B dX, dA = -strict_lower(dX delta^T), dP = scale lower(dO delta^T), Z = -E dX S0^T,
+//   dQ = scale E dO S0^T + (dP o Gamma) K,
+//   dK = (dP o Gamma)^T Q + D delta dH^T + B Z + G K + G^T K,  G = dA o B Gamma,
+//   dbeta_i = v_i.dX_i + k_i.Z_i + sum_j dA_ij (K K^T o Gamma)_ij,
+//   dc_i = q_i.dQ_i - sum_i' dP_i'i P_i'i - r_i + beta_i k_i.Z_i + sum_j dA_ij A_ij - sum_i' dA_i'i A_i'i,
+//   r_j = D_j k_j.(dH delta_j),  dc_last += sum_j r_j + exp(c_last) <S0, dH>,
+//   dg = reverse cumulative sum of dc inside the chunk.
+#pragma once
+
+#include "common.cuh"
+
+namespace dflex {
+namespace kernels {
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_prepare_kernel(const GatedDeltaParams p) {
+  using Element = typename Config::Element;
+  using KeyTile = typename Config::KeyTile;
+  using ValueTile = typename Config::ValueTile;
+  using ChunkTile = typename Config::ChunkTile;
+  using HalfStateTile = typename Config::HalfStateTile;
+  using Layout = typename Config::BackwardPrepare;
+  constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kThreads;
+  constexpr int kAtoms = Config::kStateAtoms, kRowsPerWarp = Config::kStateRowsPerWarp;
+
+  extern __shared__ __align__(128) unsigned char shared[];
+  Element* queries = reinterpret_cast<Element*>(shared + Layout::kQueries);
+  Element* keys = reinterpret_cast<Element*>(shared + Layout::kKeys);
+  Element* grad_o = reinterpret_cast<Element*>(shared + Layout::kGradO);
+  Element* scores = reinterpret_cast<Element*>(shared + Layout::kScores);
+  Element* staging = reinterpret_cast<Element*>(shared + Layout::kStaging);
+  float* gates = reinterpret_cast<float*>(shared + Layout::kGates);
+
+  const ChunkCoordinates chunk = locate_chunk<Config>(p, blockIdx.x);
+  if (chunk.sequence < 0) return;
+  const int hv = blockIdx.y;
+  const int hk = hv / (p.value_heads / p.key_heads);
+  const int hv_count = p.value_heads;
+  const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
+  const long long start = chunk.start;
+
+  async_load_tile<KeyTile, kThreads>(queries, p.q + start * p.q_row_stride + hk * kDk, p.q_row_stride, chunk.length,
+                                     thread);
+  async_load_tile<KeyTile, kThreads>(keys, p.k + start * p.k_row_stride + hk * kDk, p.k_row_stride, chunk.length,
+                                     thread);
+  async_load_tile<ValueTile, kThreads>(grad_o, p.grad_o + start * p.grad_o_row_stride + hv * kDv,
+                                       p.grad_o_row_stride, chunk.length, thread);
+  cp_async_commit();
+  if (thread < 64) gates[thread] = p.workspace.gate_cumsum[(start + min(thread, chunk.length - 1)) * hv_count + hv];
+  cp_async_wait<0>();
+  if constexpr (Config::kQkL2Norm) {
+    normalise_rows<KeyTile, kThreads>(queries, nullptr, thread);
+    normalise_rows<KeyTile, kThreads>(keys, nullptr, thread);
+  } else {
+    __syncthreads();
+  }
+
+  // P = scale lower(Q K^T o Gamma); then the warp's own query rows become scale exp(c) q.
+  {
+    float acc[8][4];
+    zero(acc);
+    warp_mma<Element, 8, kDk / 16, false, false, KeyTile, KeyTile>(acc, queries, 16 * warp, 0, keys, 0, 0, lane);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = 16 * warp + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+        const float x = col <= row ? p.scale * fast_exp(gates[row] - gates[col]) * acc[j][2 * half] : 0.f;
+        const float y = col + 1 <= row ? p.scale * fast_exp(gates[row] - gates[col + 1]) * acc[j][2 * half + 1] : 0.f;
+        store_pair<ChunkTile>(scores, row, col, x, y);
+      }
+    __syncwarp();
+    for (int c = lane; c < 16 * KeyTile::kChunksPerRow; c += 32) {
+      const int row = 16 * warp + c / KeyTile::kChunksPerRow, col = (c % KeyTile::kChunksPerRow) * 8;
+      uint4* address = reinterpret_cast<uint4*>(queries + KeyTile::offset(row, col));
+      *address = scale_chunk(*address, p.scale * fast_exp(gates[row]));
+    }
+  }
+  __syncthreads();
+
+  // d delta partial = P^T dO (rows = key positions).
+  {
+    float acc[kDv / 8][4];
+    zero(acc);
+    warp_mma<Element, kDv / 8, 4, true, true, ChunkTile, ValueTile>(acc, scores, 16 * warp, 0, grad_o, 0, 0, lane);
+    store_accumulator<ValueTile>(staging, acc, 1.f, 1.f, 16 * warp, 0, lane);
+  }
+  __syncthreads();
+  store_tile<ValueTile, kThreads>(p.workspace.grad_delta + start * hv_count * kDv + hv * kDv,
+                                  static_cast<long long>(hv_count) * kDv, staging, chunk.length, thread);
+
+  // M = (scale E Q)^T dO, 64 value columns at a time.
+  Element* chunk_grad = p.workspace.chunk_state_grads + (static_cast<long long>(chunk.index) * hv_count + hv) * kDk * kDv;
+#pragma unroll 1
+  for (int half = 0; half < kDv / 64; ++half) {
+    float acc[kAtoms][8][4];
+#pragma unroll
+    for (int m = 0; m < kAtoms; ++m) {
+      zero(acc[m]);
+      warp_mma<Element, 8, 4, true, true, KeyTile, ValueTile>(acc[m], queries, warp * kRowsPerWarp + 16 * m, 0,
+                                                              grad_o, 64 * half, 0, lane);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < kAtoms; ++m)
+      store_accumulator<HalfStateTile>(staging, acc[m], 1.f, 1.f, warp * kRowsPerWarp + 16 * m, 0, lane);
+    __syncthreads();
+    store_tile<HalfStateTile, kThreads>(chunk_grad + 64 * half, kDv, staging, kDk, thread);
+  }
+}
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_kernel(const GatedDeltaParams p) {
+  using Element = typename Config::Element;
+  using KeyTile = typename Config::KeyTile;
+  using ValueBlockTile = typename Config::ValueBlockTile;
+  using StateBlockTile = typename Config::StateBlockTile;
+  using Layout = typename Config::BackwardState;
+  constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kThreads;
+  constexpr int kBlock = Config::kValueBlock, kAtoms = Config::kStateAtoms, kRowsPerWarp = Config::kStateRowsPerWarp;
+  constexpr int kMOffset = 0;
+  constexpr int kKeysOffset = StateBlockTile::kBytes;
+  constexpr int kGradDeltaOffset = kKeysOffset + KeyTile::kBytes;
+
+  extern __shared__ __align__(128) unsigned char shared[];
+  auto stage = [&](int index, int offset) {
+    return reinterpret_cast<Element*>(shared + Layout::kStages + (index & 1) * Layout::kStageBytes + offset);
+  };
+  Element* w_tile = reinterpret_cast<Element*>(shared + Layout::kW);
+  Element* state_grad_tile = reinterpret_cast<Element*>(shared + Layout::kStateGrad);
+
+  const int column0 = blockIdx.x * kBlock, hv = blockIdx.y, sequence = blockIdx.z;
+  const int hv_count = p.value_heads;
+  const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
+  const SequenceCoordinates seq = locate_sequence<Config>(p, sequence);
+  const int chunks = (seq.length + 63) / 64;
+  const long long key_rows = static_cast<long long>(hv_count) * kDk;
+  const long long value_rows = static_cast<long long>(hv_count) * kDv;
+  const long long state_base = (static_cast<long long>(sequence) * hv_count + hv) * kDk * kDv + column0;
+  auto chunk_grad = [&](int i) {
+    return p.workspace.chunk_state_grads + (static_cast<long long>(seq.first_chunk + i) * hv_count + hv) * kDk * kDv +
+           column0;
+  };
+
+  float grad_state[kAtoms][kBlock / 8][4];
+#pragma unroll
+  for (int m = 0; m < kAtoms; ++m)
+#pragma unroll
+    for (int j = 0; j < kBlock / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = warp * kRowsPerWarp + 16 * m + fragment_row(lane, e), col = fragment_col(lane, j, e);
+        grad_state[m][j][e] = Config::kFinalState ? p.grad_final_state[state_base + row * kDv + col] : 0.f;
+      }
+
+  // Stage i: M block, decayed keys and d delta partial of chunk i; W of
+  // chunk i goes to its single buffer once chunk i+1 has finished with it.
+  auto issue_stage = [&](int i) {
+    const long long start = seq.start + 64 * i;
+    const int rows = min(64, seq.length - 64 * i);
+    async_load_tile<StateBlockTile, kThreads>(stage(i, kMOffset), chunk_grad(i), kDv, kDk, thread);
+    async_load_tile<KeyTile, kThreads>(stage(i, kKeysOffset), p.workspace.decayed_k + start * key_rows + hv * kDk,
+                                       key_rows, rows, thread);
+    async_load_tile<ValueBlockTile, kThreads>(stage(i, kGradDeltaOffset),
+                                              p.workspace.grad_delta + start * value_rows + hv * kDv + column0,
+                                              value_rows, rows, thread);
+    cp_async_commit();
+  };
+  auto issue_w = [&](int i) {
+    const long long start = seq.start + 64 * i;
+    const int rows = min(64, seq.length - 64 * i);
+    async_load_tile<KeyTile, kThreads>(w_tile, p.workspace.w + start * key_rows + hv * kDk, key_rows, rows, thread);
+    cp_async_commit();
+  };
+
+  if (chunks > 0) {
+    issue_stage(chunks - 1);
+    if constexpr (Config::kDeltaRule) issue_w(chunks - 1);
+  }
+  for (int i = chunks - 1; i >= 0; --i) {
+    const long long start = seq.start + 64 * i;
+    const int rows = min(64, seq.length - 64 * i);
+    if (i > 0) {
+      issue_stage(i - 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    const float gate_last = p.workspace.gate_cumsum[(start + rows - 1) * hv_count + hv];
+#pragma unroll
+    for (int m = 0; m < kAtoms; ++m)
+      store_accumulator<StateBlockTile>(state_grad_tile, grad_state[m], 1.f, 1.f, warp * kRowsPerWarp + 16 * m, 0,
+                                        lane);
+    __syncthreads();
+    // dH of chunk i over its M block (already in shared memory).
+    store_tile<StateBlockTile, kThreads>(chunk_grad(i), kDv, state_grad_tile, kDk, thread);
+
+    // d delta = partial + (D K) dS, written over the partial in shared memory.
+    Element* grad_delta = stage(i, kGradDeltaOffset);
+    {
+      float acc[kBlock / 8][4];
+      zero(acc);
+      warp_mma<Element, kBlock / 8, kDk / 16, false, true, KeyTile, StateBlockTile>(
+          acc, stage(i, kKeysOffset), 16 * warp, 0, state_grad_tile, 0, 0, lane);
+#pragma unroll
+      for (int j = 0; j < kBlock / 8; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = 16 * warp + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+          const float2 partial = load_pair<ValueBlockTile>(grad_delta, row, col);
+          store_pair<ValueBlockTile>(grad_delta, row, col, partial.x + acc[j][2 * half],
+                                     partial.y + acc[j][2 * half + 1]);
+        }
+    }
+    __syncthreads();
+    if constexpr (Config::kDeltaRule) {
+      store_tile<ValueBlockTile, kThreads>(p.workspace.grad_delta + start * value_rows + hv * kDv + column0,
+                                           value_rows, grad_delta, rows, thread);
+    } else {
+      store_tile<ValueBlockTile, kThreads>(p.grad_v + start * p.grad_v_row_stride + hv * kDv + column0,
+                                           p.grad_v_row_stride, grad_delta, rows, thread);
+    }
+
+    // dS = exp(c_last) dS + M - W^T d delta
+    const float decay = fast_exp(gate_last);
+    const Element* m_block = stage(i, kMOffset);
+#pragma unroll
+    for (int m = 0; m < kAtoms; ++m) {
+#pragma unroll
+      for (int j = 0; j < kBlock / 8; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = warp * kRowsPerWarp + 16 * m + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+          const float2 add = load_pair<StateBlockTile>(m_block, row, col);
+          grad_state[m][j][2 * half] = decay * grad_state[m][j][2 * half] + add.x;
+          grad_state[m][j][2 * half + 1] = decay * grad_state[m][j][2 * half + 1] + add.y;
+        }
+      if constexpr (Config::kDeltaRule) {
+        float acc[kBlock / 8][4];
+        zero(acc);
+        warp_mma<Element, kBlock / 8, 4, true, true, KeyTile, ValueBlockTile>(
+            acc, w_tile, warp * kRowsPerWarp + 16 * m, 0, grad_delta, 0, 0, lane);
+#pragma unroll
+        for (int j = 0; j < kBlock / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) grad_state[m][j][e] -= acc[j][e];
+      }
+    }
+    __syncthreads();
+    if constexpr (Config::kDeltaRule) {
+      if (i > 0) issue_w(i - 1);
+    }
+  }
+
+  if constexpr (Config::kInitialState) {
+#pragma unroll
+    for (int m = 0; m < kAtoms; ++m)
+#pragma unroll
+      for (int j = 0; j < kBlock / 8; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = warp * kRowsPerWarp + 16 * m + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+          *reinterpret_cast<float2*>(p.grad_initial_state + state_base + row * kDv + col) =
+              make_float2(grad_state[m][j][2 * half], grad_state[m][j][2 * half + 1]);
+        }
+  }
+}
+
+// Column sums of a warp's 16x32 fp32 block (value (j, c) = column 8j + 2t + c,
+// summed over the 16 rows) added to column_totals[col0 + column] by lanes 0..3.
+__device__ __forceinline__ void add_column_sums(float (&sums)[4][2], float* column_totals, int col0, int lane) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float s = sums[j][c];
+      s += __shfl_xor_sync(0xffffffffu, s, 4);
+      s += __shfl_xor_sync(0xffffffffu, s, 8);
+      s += __shfl_xor_sync(0xffffffffu, s, 16);
+      if (lane < 4) atomicAdd(&column_totals[col0 + 8 * j + 2 * lane + c], s);
+    }
+}
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kChunkBackwardThreads)
+    gated_delta_backward_chunk_kernel(const GatedDeltaParams p) {
+  using Element = typename Config::Element;
+  using KeyTile = typename Config::KeyTile;
+  using ChunkTile = typename Config::ChunkTile;
+  using ValueBlockTile = typename Config::ValueBlockTile;
+  using StateBlockTile = typename Config::StateBlockTile;
+  using Layout = typename Config::BackwardChunk;
+  constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kChunkBackwardThreads;
+  constexpr int kBlock = Config::kValueBlock;
+  constexpr int kKeyBlocks = kDk / 16;  // 8-column blocks of a warp's half of the key columns
+  constexpr bool kDelta = Config::kDeltaRule;
+
+  extern __shared__ __align__(128) unsigned char shared[];
+  Element* queries = reinterpret_cast<Element*>(shared + Layout::kQueries);
+  Element* keys = reinterpret_cast<Element*>(shared + Layout::kKeys);
+  Element* t_tile = reinterpret_cast<Element*>(shared + Layout::kTInverse);
+  Element* grad_o_block = reinterpret_cast<Element*>(shared + Layout::kGradO);
+  Element* state_block = reinterpret_cast<Element*>(shared + Layout::kStateBlock);
+  Element* state_grad_block = reinterpret_cast<Element*>(shared + Layout::kStateGradBlock);
+  Element* delta_block = reinterpret_cast<Element*>(shared + Layout::kDeltaBlock);
+  Element* grad_delta_block = reinterpret_cast<Element*>(shared + Layout::kGradDeltaBlock);
+  Element* value_block = reinterpret_cast<Element*>(shared + Layout::kValueBlockOffset);
+  Element* grad_x_block = reinterpret_cast<Element*>(shared + Layout::kGradX);
+  Element* decayed_grad_x_block = reinterpret_cast<Element*>(shared + Layout::kDecayedGradX);
+  Element* score_grad = reinterpret_cast<Element*>(shared + Layout::kScoreGrad);
+  Element* g_tile = reinterpret_cast<Element*>(shared + Layout::kG);
+  float* gates = reinterpret_cast<float*>(shared + Layout::kScalars);
+  float* betas = gates + 64;
+  float* q_inverse = gates + 128;
+  float* k_inverse = gates + 192;
+  float* grad_gate = gates + 256;  // accumulated by atomics from here on
+  float* grad_beta = gates + 320;
+  float* r_terms = gates + 384;
+  float* q_dot = gates + 448;
+  float* k_dot = gates + 512;
+  float* totals = gates + 576;  // [0] sum r, [1] <S0, dH>, [2] scan scratch, [3] dA_log, [4] d dt_bias
+
+  const int hv = blockIdx.y;
+  const int hv_count = p.value_heads;
+  const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
+  const ChunkCoordinates chunk = locate_chunk<Config>(p, blockIdx.x);
+  if (chunk.sequence < 0) {
+    if constexpr (Config::kInKernelGate) {
+      if (thread < 2) p.workspace.gate_param_partials[(static_cast<long long>(blockIdx.x) * hv_count + hv) * 2 + thread] = 0.f;
+    }
+    return;
+  }
+  const int hk = hv / (p.value_heads / p.key_heads);
+  const long long start = chunk.start;
+  const int length = chunk.length;
+  const int row0 = 16 * (warp & 3);       // the warp's 16 rows of every 64-row product
+  const int half_col = warp >> 2;         // and its half of the columns
+  const int key_col0 = half_col * (kDk / 2);
+  const long long value_rows = static_cast<long long>(hv_count) * kDv;
+  const long long chunk_head = static_cast<long long>(chunk.index) * hv_count + hv;
+  const long long state_offset = chunk_head * kDk * kDv;
+
+  async_load_tile<KeyTile, kThreads>(queries, p.q + start * p.q_row_stride + hk * kDk, p.q_row_stride, length, thread);
+  async_load_tile<KeyTile, kThreads>(keys, p.k + start * p.k_row_stride + hk * kDk, p.k_row_stride, length, thread);
+  if constexpr (kDelta)
+    async_load_tile<ChunkTile, kThreads>(t_tile, p.workspace.t_inverse + chunk_head * 64 * 64, 64, 64,
+                                         thread);
+  cp_async_commit();
+  if (thread < 64) {
+    const long long index = (start + min(thread, length - 1)) * hv_count + hv;
+    gates[thread] = p.workspace.gate_cumsum[index];
+    betas[thread] = kDelta && thread < length ? p.workspace.beta[index] : 0.f;
+  }
+  for (int i = thread; i < 5 * 64 + 8; i += kThreads) grad_gate[i] = 0.f;
+  cp_async_wait<0>();
+  if constexpr (Config::kQkL2Norm) {
+    normalise_rows<KeyTile, kThreads>(queries, q_inverse, thread);
+    normalise_rows<KeyTile, kThreads>(keys, k_inverse, thread);
+  } else {
+    __syncthreads();
+  }
+
+  float grad_q[kKeyBlocks][4], grad_k[kKeyBlocks][4], z[kKeyBlocks][4], grad_a[4][4], grad_p[4][4];
+  zero(grad_q);
+  zero(grad_k);
+  zero(z);
+  zero(grad_a);
+  zero(grad_p);
+  float v_dot_dx[2] = {0.f, 0.f};
+  float state_dot = 0.f;
+
+#pragma unroll 1
+  for (int block = 0; block < kDv / kBlock; ++block) {
+    const int column0 = block * kBlock;
+    async_load_tile<ValueBlockTile, kThreads>(grad_o_block, p.grad_o + start * p.grad_o_row_stride + hv * kDv + column0,
+                                              p.grad_o_row_stride, length, thread);
+    async_load_tile<StateBlockTile, kThreads>(state_block, p.workspace.chunk_states + state_offset + column0, kDv, kDk,
+                                              thread);
+    async_load_tile<StateBlockTile, kThreads>(state_grad_block, p.workspace.chunk_state_grads + state_offset + column0,
+                                              kDv, kDk, thread);
+    if constexpr (kDelta) {
+      async_load_tile<ValueBlockTile, kThreads>(delta_block, p.workspace.delta + start * value_rows + hv * kDv + column0,
+                                                value_rows, length, thread);
+      async_load_tile<ValueBlockTile, kThreads>(grad_delta_block,
+                                                p.workspace.grad_delta + start * value_rows + hv * kDv + column0,
+                                                value_rows, length, thread);
+      async_load_tile<ValueBlockTile, kThreads>(value_block, p.v + start * p.v_row_stride + hv * kDv + column0,
+                                                p.v_row_stride, length, thread);
+    } else {
+      async_load_tile<ValueBlockTile, kThreads>(delta_block, p.v + start * p.v_row_stride + hv * kDv + column0,
+                                                p.v_row_stride, length, thread);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    if constexpr (kDelta) {
+      // dX = T^T d delta (the warp's 16 rows x 16 of the block's columns), dV = B dX.
+      float x[2][4];
+      zero(x);
+      warp_mma<Element, 2, 4, true, true, ChunkTile, ValueBlockTile>(x, t_tile, row0, 0, grad_delta_block,
+                                                                     16 * half_col, 0, lane);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = row0 + fragment_row(lane, 2 * half), col = 16 * half_col + fragment_col(lane, j, 0);
+          const float dx0 = x[j][2 * half], dx1 = x[j][2 * half + 1];
+          const float2 v = load_pair<ValueBlockTile>(value_block, row, col);
+          v_dot_dx[half] += v.x * dx0 + v.y * dx1;
+          if (row < length)
+            store_global_pair(p.grad_v + (start + row) * p.grad_v_row_stride + hv * kDv + column0 + col,
+                              betas[row] * dx0, betas[row] * dx1);
+          store_pair<ValueBlockTile>(grad_x_block, row, col, dx0, dx1);
+          const float decay = fast_exp(gates[row]);
+          store_pair<ValueBlockTile>(decayed_grad_x_block, row, col, decay * dx0, decay * dx1);
+        }
+      __syncthreads();
+      warp_mma<Element, 4, kBlock / 16, false, false, ValueBlockTile, ValueBlockTile>(
+          grad_a, grad_x_block, row0, 0, delta_block, 32 * half_col, 0, lane);
+      warp_mma<Element, kKeyBlocks, kBlock / 16, false, false, ValueBlockTile, StateBlockTile>(
+          z, decayed_grad_x_block, row0, 0, state_block, key_col0, 0, lane);
+    }
+    warp_mma<Element, 4, kBlock / 16, false, false, ValueBlockTile, ValueBlockTile>(grad_p, grad_o_block, row0, 0,
+                                                                                   delta_block, 32 * half_col, 0, lane);
+    warp_mma<Element, kKeyBlocks, kBlock / 16, false, false, ValueBlockTile, StateBlockTile>(
+        grad_q, grad_o_block, row0, 0, state_block, key_col0, 0, lane);
+    warp_mma<Element, kKeyBlocks, kBlock / 16, false, false, ValueBlockTile, StateBlockTile>(
+        grad_k, delta_block, row0, 0, state_grad_block, key_col0, 0, lane);
+    for (int c = thread; c < kDk * StateBlockTile::kChunksPerRow; c += kThreads) {
+      const int row = c / StateBlockTile::kChunksPerRow, col = (c % StateBlockTile::kChunksPerRow) * 8;
+      const uint4 s_raw = *reinterpret_cast<const uint4*>(state_block + StateBlockTile::offset(row, col));
+      const uint4 d_raw = *reinterpret_cast<const uint4*>(state_grad_block + StateBlockTile::offset(row, col));
+      const __nv_bfloat162* s_pairs = reinterpret_cast<const __nv_bfloat162*>(&s_raw);
+      const __nv_bfloat162* d_pairs = reinterpret_cast<const __nv_bfloat162*>(&d_raw);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 s = __bfloat1622float2(s_pairs[i]), d = __bfloat1622float2(d_pairs[i]);
+        state_dot += s.x * d.x + s.y * d.y;
+      }
+    }
+    __syncthreads();
+  }
+
+  // Row terms of D delta dH^T (r_j) and of Z = -E dX S0^T, then dK from both:
+  // grad_k holds delta dH^T, z holds E dX S0^T.
+  const float gate_last = gates[length - 1];
+  {
+    float k_dh[2] = {0.f, 0.f}, k_z[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + fragment_row(lane, 2 * half), col = key_col0 + fragment_col(lane, j, 0);
+        const float2 k = load_pair<KeyTile>(keys, row, col);
+        k_dh[half] += k.x * grad_k[j][2 * half] + k.y * grad_k[j][2 * half + 1];
+        if constexpr (kDelta) k_z[half] -= k.x * z[j][2 * half] + k.y * z[j][2 * half + 1];
+      }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + fragment_row(lane, 2 * half);
+      const float decay = fast_exp(gate_last - gates[row]);
+      const float r = decay * quad_sum(k_dh[half]);
+      const float kz = quad_sum(k_z[half]);
+      const float dx_dot = quad_sum(v_dot_dx[half]);
+      if ((lane & 3) == 0) {
+        atomicAdd(&r_terms[row], r);
+        atomicAdd(&totals[0], r);
+        if constexpr (kDelta) {
+          atomicAdd(&grad_beta[row], kz + dx_dot);
+          atomicAdd(&grad_gate[row], betas[row] * kz);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + fragment_row(lane, e);
+        grad_k[j][e] = fast_exp(gate_last - gates[row]) * grad_k[j][e] - (kDelta ? betas[row] * z[j][e] : 0.f);
+        grad_q[j][e] *= p.scale * fast_exp(gates[row]);
+      }
+  }
+  state_dot = warp_sum(state_dot);
+  if (lane == 0) atomicAdd(&totals[1], state_dot);
+
+  // dP o Gamma (to shared memory) and the column side of its gate term.
+  {
+    float qk[4][4];
+    zero(qk);
+    warp_mma<Element, 4, kDk / 16, false, false, KeyTile, KeyTile>(qk, queries, row0, 0, keys, 32 * half_col, 0, lane);
+    float column_sums[4][2] = {};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + fragment_row(lane, 2 * half), col = 32 * half_col + fragment_col(lane, j, 0);
+        float value[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          value[c] = 0.f;
+          if (col + c <= row) {
+            const float gamma = fast_exp(gates[row] - gates[col + c]);
+            const float dp = p.scale * grad_p[j][2 * half + c];
+            column_sums[j][c] -= dp * gamma * qk[j][2 * half + c];
+            value[c] = dp * gamma;
+          }
+        }
+        store_pair<ChunkTile>(score_grad, row, col, value[0], value[1]);
+      }
+    add_column_sums(column_sums, grad_gate, 32 * half_col, lane);
+  }
+  if constexpr (kDelta) {
+    // G = dA o B Gamma with dA = -strict_lower(dX delta^T), and the A terms of dbeta, dc.
+    float kk[4][4];
+    zero(kk);
+    warp_mma<Element, 4, kDk / 16, false, false, KeyTile, KeyTile>(kk, keys, row0, 0, keys, 32 * half_col, 0, lane);
+    float column_sums[4][2] = {};
+    float row_beta[2] = {0.f, 0.f}, row_gate[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + fragment_row(lane, 2 * half), col = 32 * half_col + fragment_col(lane, j, 0);
+        float value[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          value[c] = 0.f;
+          if (col + c < row) {
+            const float gamma = fast_exp(gates[row] - gates[col + c]);
+            const float da = -grad_a[j][2 * half + c];
+            const float kk_gamma = gamma * kk[j][2 * half + c];
+            const float a = betas[row] * kk_gamma;
+            row_beta[half] += da * kk_gamma;
+            row_gate[half] += da * a;
+            column_sums[j][c] -= da * a;
+            value[c] = da * betas[row] * gamma;
+          }
+        }
+        store_pair<ChunkTile>(g_tile, row, col, value[0], value[1]);
+      }
+    add_column_sums(column_sums, grad_gate, 32 * half_col, lane);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float b = quad_sum(row_beta[half]), g = quad_sum(row_gate[half]);
+      if ((lane & 3) == 0) {
+        const int row = row0 + fragment_row(lane, 2 * half);
+        atomicAdd(&grad_beta[row], b);
+        atomicAdd(&grad_gate[row], g);
+      }
+    }
+  }
+  __syncthreads();
+
+  // dQ += (dP o Gamma) K;  dK += (dP o Gamma)^T Q + G K + G^T K.
+  warp_mma<Element, kKeyBlocks, 4, false, true, ChunkTile, KeyTile>(grad_q, score_grad, row0, 0, keys, key_col0, 0,
+                                                                    lane);
+  warp_mma<Element, kKeyBlocks, 4, true, true, ChunkTile, KeyTile>(grad_k, score_grad, row0, 0, queries, key_col0, 0,
+                                                                   lane);
+  if constexpr (kDelta) {
+    warp_mma<Element, kKeyBlocks, 4, false, true, ChunkTile, KeyTile>(grad_k, g_tile, row0, 0, keys, key_col0, 0,
+                                                                      lane);
+    warp_mma<Element, kKeyBlocks, 4, true, true, ChunkTile, KeyTile>(grad_k, g_tile, row0, 0, keys, key_col0, 0,
+                                                                     lane);
+  }
+  // q.dQ (a gate term, and the normalisation's projection) and k.dK per row.
+  {
+    float qd[2] = {0.f, 0.f}, kd[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + fragment_row(lane, 2 * half), col = key_col0 + fragment_col(lane, j, 0);
+        const float2 q = load_pair<KeyTile>(queries, row, col), k = load_pair<KeyTile>(keys, row, col);
+        qd[half] += q.x * grad_q[j][2 * half] + q.y * grad_q[j][2 * half + 1];
+        kd[half] += k.x * grad_k[j][2 * half] + k.y * grad_k[j][2 * half + 1];
+      }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float qs = quad_sum(qd[half]), ks = quad_sum(kd[half]);
+      if ((lane & 3) == 0) {
+        const int row = row0 + fragment_row(lane, 2 * half);
+        atomicAdd(&q_dot[row], qs);
+        atomicAdd(&k_dot[row], ks);
+      }
+    }
+  }
+  __syncthreads();
+
+  // dq, dk: summed over the value heads of a group in fp32 (finalised by
+  // gated_delta_backward_finalize_kernel), or through the normalisation here.
+  const bool grouped = p.value_heads != p.key_heads;
+#pragma unroll
+  for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + fragment_row(lane, 2 * half), col = key_col0 + fragment_col(lane, j, 0);
+      if (row >= length) continue;
+      float dq0 = grad_q[j][2 * half], dq1 = grad_q[j][2 * half + 1];
+      float dk0 = grad_k[j][2 * half], dk1 = grad_k[j][2 * half + 1];
+      const long long token = start + row;
+      if (grouped) {
+        const long long offset = (token * p.key_heads + hk) * kDk + col;
+        global_add_pair(p.workspace.grad_q_accum + offset, dq0, dq1);
+        global_add_pair(p.workspace.grad_k_accum + offset, dk0, dk1);
+        continue;
+      }
+      if constexpr (Config::kQkL2Norm) {
+        const float2 q = load_pair<KeyTile>(queries, row, col), k = load_pair<KeyTile>(keys, row, col);
+        dq0 = q_inverse[row] * (dq0 - q.x * q_dot[row]);
+        dq1 = q_inverse[row] * (dq1 - q.y * q_dot[row]);
+        dk0 = k_inverse[row] * (dk0 - k.x * k_dot[row]);
+        dk1 = k_inverse[row] * (dk1 - k.y * k_dot[row]);
+      }
+      store_global_pair(p.grad_q + token * p.grad_q_row_stride + hk * kDk + col, dq0, dq1);
+      store_global_pair(p.grad_k + token * p.grad_k_row_stride + hk * kDk + col, dk0, dk1);
+    }
+
+  // dc per row, then dg = reverse cumulative sum over the chunk; thread i
+  // handles row 63 - i so that the scan runs forward.
+  if constexpr (Config::kHasGate || kDelta) {
+    float dc = 0.f;
+    if (thread < length) {
+      dc = grad_gate[thread] + q_dot[thread] - r_terms[thread];
+      if (thread == length - 1) dc += totals[0] + fast_exp(gate_last) * totals[1];
+    }
+    __syncthreads();
+    if (thread < 64) r_terms[thread] = dc;
+    __syncthreads();
+    const int row = 63 - thread;
+    const float dg = chunk_inclusive_sum(thread < 64 ? r_terms[row] : 0.f, thread, &totals[2]);
+    const bool valid = thread < 64 && row < length;
+    const long long index = (start + row) * hv_count + hv;
+    if constexpr (Config::kInKernelGate) {
+      float a_log_part = 0.f, dt_part = 0.f;
+      if (valid) {
+        const float x = __bfloat162float(p.a[(start + row) * p.a_row_stride + hv]) + p.dt_bias[hv];
+        const float decay_rate = __expf(p.a_log[hv]);
+        const float da = dg * -decay_rate * sigmoid(x);
+        p.grad_a[index] = da;
+        a_log_part = dg * -decay_rate * softplus(x);
+        dt_part = da;
+        if constexpr (kDelta) p.grad_b[index] = grad_beta[row] * betas[row] * (1.f - betas[row]);
+      }
+      a_log_part = warp_sum(a_log_part);
+      dt_part = warp_sum(dt_part);
+      if (lane == 0 && thread < 64) {
+        atomicAdd(&totals[3], a_log_part);
+        atomicAdd(&totals[4], dt_part);
+      }
+      __syncthreads();
+      if (thread < 2)
+        p.workspace.gate_param_partials[chunk_head * 2 + thread] = totals[3 + thread];
+    } else if (valid) {
+      if constexpr (Config::kHasGate) p.grad_g[index] = dg;
+      if constexpr (kDelta) p.grad_beta[index] = grad_beta[row];
+    }
+  }
+}
+
+// Grouped heads: dq, dk of each (token, key head) from the fp32 sums over
+// the group, through the L2 normalisation. One warp per row.
+constexpr int kFinalizeThreads = 256;
+
+template <class Config>
+__global__ void __launch_bounds__(kFinalizeThreads) gated_delta_backward_finalize_kernel(const GatedDeltaParams p) {
+  constexpr int kDk = Config::kKeyDim, kPerLane = kDk / 32;
+  const int lane = threadIdx.x % 32;
+  const long long row = static_cast<long long>(blockIdx.x) * (kFinalizeThreads / 32) + threadIdx.x / 32;
+  if (row >= static_cast<long long>(p.total_tokens) * p.key_heads) return;
+  const long long token = row / p.key_heads;
+  const int hk = static_cast<int>(row % p.key_heads);
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
+    const __nv_bfloat16* x = (which == 0 ? p.q + token * p.q_row_stride : p.k + token * p.k_row_stride) + hk * kDk;
+    const float* grad = (which == 0 ? p.workspace.grad_q_accum : p.workspace.grad_k_accum) + row * kDk;
+    __nv_bfloat16* out =
+        (which == 0 ? p.grad_q + token * p.grad_q_row_stride : p.grad_k + token * p.grad_k_row_stride) + hk * kDk;
+    float xs[kPerLane], gs[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      xs[i] = __bfloat162float(x[lane * kPerLane + i]);
+      gs[i] = grad[lane * kPerLane + i];
+    }
+    if constexpr (Config::kQkL2Norm) {
+      float squares = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) squares += xs[i] * xs[i];
+      const float inverse = rsqrtf(warp_sum(squares) + kGatedDeltaNormEpsilon);
+      float dot = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) dot += xs[i] * inverse * gs[i];
+      dot = warp_sum(dot);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) gs[i] = inverse * (gs[i] - xs[i] * inverse * dot);
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; i += 2) store_global_pair(out + lane * kPerLane + i, gs[i], gs[i + 1]);
+  }
+}
+
+// In-kernel gate: dA_log and d dt_bias of value head blockIdx.x from the
+// per-chunk partials.
+template <class Config>
+__global__ void __launch_bounds__(kFinalizeThreads) gated_delta_backward_gate_params_kernel(const GatedDeltaParams p) {
+  __shared__ float warp_totals[2][kFinalizeThreads / 32];
+  const int hv = blockIdx.x, thread = threadIdx.x, lane = thread % 32, warp = thread / 32;
+  float a_log = 0.f, dt_bias = 0.f;
+  for (int c = thread; c < p.max_chunks; c += kFinalizeThreads) {
+    const long long index = (static_cast<long long>(c) * p.value_heads + hv) * 2;
+    a_log += p.workspace.gate_param_partials[index];
+    dt_bias += p.workspace.gate_param_partials[index + 1];
+  }
+  a_log = warp_sum(a_log);
+  dt_bias = warp_sum(dt_bias);
+  if (lane == 0) {
+    warp_totals[0][warp] = a_log;
+    warp_totals[1][warp] = dt_bias;
+  }
+  __syncthreads();
+  if (thread == 0) {
+    float sum_a_log = 0.f, sum_dt_bias = 0.f;
+    for (int w = 0; w < kFinalizeThreads / 32; ++w) {
+      sum_a_log += warp_totals[0][w];
+      sum_dt_bias += warp_totals[1][w];
+    }
+    p.grad_a_log[hv] = sum_a_log;
+    p.grad_dt_bias[hv] = sum_dt_bias;
+  }
+}
+
+}  // namespace kernels
+}  // namespace dflex

@@ -1,0 +1,424 @@
+// Forward of the chunked gated delta rule, three kernels per call (after
+// gated_delta_chunk_table_kernel for varlen):
+//
+//   prepare  grid (max_chunks, Hv), kThreads      per chunk and value head, in parallel:
+//            cumulative gates c, A = strict_lower(B (K K^T) o Gamma), T = (I + A)^-1,
+//            W = T B E K, U = T B V, decayed keys D K  -> workspace
+//   state    grid (Dv / kValueBlock, Hv, N), kThreads   sequential over the chunks of a sequence:
+//            S0 of each chunk -> chunk_states; delta = U - W S0 -> workspace;
+//            S = exp(c_last) S0 + (D K)^T delta; final state
+//   output   grid (max_chunks, Hv), kThreads      per chunk and value head, in parallel:
+//            O = scale (E Q S0 + lower(Q K^T o Gamma) delta)
+//
+// Notation as in docs/gated-delta.md: per chunk, c_i is the cumulative log
+// gate, E = diag(exp(c)), Gamma_ij = exp(c_i - c_j), D_j = exp(c_last - c_j),
+// B = diag(beta); K, Q are L2-normalised when the configuration says so.
+// Without the delta rule, delta = V and the prepare kernel only writes the
+// gates and the decayed keys.
+#pragma once
+
+#include "common.cuh"
+
+namespace dflex {
+namespace kernels {
+
+// The WY / UT part of the forward prepare kernel (delta rule only): A, T,
+// W and U of the chunk whose normalised keys, values and gates are in
+// shared memory.
+template <class Config>
+__device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, const ChunkCoordinates& chunk, int hv,
+                                                   unsigned char* shared) {
+  using Element = typename Config::Element;
+  using KeyTile = typename Config::KeyTile;
+  using ValueTile = typename Config::ValueTile;
+  using ChunkTile = typename Config::ChunkTile;
+  using Layout = typename Config::ForwardPrepare;
+  constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kThreads;
+  constexpr int kRow = Config::kFloatRow;
+  Element* keys = reinterpret_cast<Element*>(shared + Layout::kKeys);
+  Element* values = reinterpret_cast<Element*>(shared + Layout::kValues);
+  Element* t_tile = reinterpret_cast<Element*>(shared + Layout::kTInverse);
+  float* a_matrix = reinterpret_cast<float*>(shared + Layout::kAFloat);
+  float* t_matrix = reinterpret_cast<float*>(shared + Layout::kTFloat);
+  float* block_rows = reinterpret_cast<float*>(shared + Layout::kBlockRows);
+  float* gates = reinterpret_cast<float*>(shared + Layout::kGates);
+  float* betas = gates + 64;
+  float* key_factors = gates + 192;
+  const int hv_count = p.value_heads;
+  const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
+
+
+  // A = strict_lower(B (K K^T) o Gamma) in fp32; warp w owns rows 16w..16w+15.
+  {
+    float acc[8][4];
+    zero(acc);
+    warp_mma<Element, 8, kDk / 16, false, false, KeyTile, KeyTile>(acc, keys, 16 * warp, 0, keys, 0, 0, lane);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = 16 * warp + fragment_row(lane, e), col = fragment_col(lane, j, e);
+        a_matrix[row * kRow + col] = col < row ? betas[row] * fast_exp(gates[row] - gates[col]) * acc[j][e] : 0.f;
+      }
+    }
+  }
+  __syncthreads();
+
+  // T = (I + A)^-1: the four 16x16 diagonal blocks by forward substitution
+  // (one warp each, a lane per column), then the blocks below the diagonal
+  // block-row by block-row: T_IJ = -T_II sum_{J<=K<I} A_IK T_KJ.
+  {
+    const int column = lane & 15, base = 16 * warp;
+    float t[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float sum = i == column ? 1.f : 0.f;
+#pragma unroll
+      for (int j = 0; j < i; ++j) sum -= a_matrix[(base + i) * kRow + base + j] * t[j];
+      t[i] = sum;
+    }
+    if (lane < 16) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) t_matrix[(base + i) * kRow + base + column] = t[i];
+    }
+  }
+  __syncthreads();
+  for (int block = 1; block < 4; ++block) {
+    const int base = 16 * block, columns = base;
+    for (int index = thread; index < 16 * columns; index += kThreads) {
+      const int r = index / columns, c = index % columns;
+      float sum = 0.f;
+      for (int k = c & ~15; k < base; ++k) sum += a_matrix[(base + r) * kRow + k] * t_matrix[k * kRow + c];
+      block_rows[r * 49 + c] = sum;
+    }
+    __syncthreads();
+    for (int index = thread; index < 16 * columns; index += kThreads) {
+      const int r = index / columns, c = index % columns;
+      float sum = 0.f;
+      for (int m = 0; m <= r; ++m) sum += t_matrix[(base + r) * kRow + base + m] * block_rows[m * 49 + c];
+      t_matrix[(base + r) * kRow + c] = -sum;
+    }
+    __syncthreads();
+  }
+
+  // T to bf16 (lower triangle), K rows scaled by beta exp(c), V rows by beta.
+  for (int index = thread; index < 64 * 32; index += kThreads) {
+    const int row = index / 32, col = (index % 32) * 2;
+    store_pair<ChunkTile>(t_tile, row, col, col <= row ? t_matrix[row * kRow + col] : 0.f,
+                          col + 1 <= row ? t_matrix[row * kRow + col + 1] : 0.f);
+  }
+  scale_rows<KeyTile, kThreads>(keys, key_factors, thread);
+  scale_rows<ValueTile, kThreads>(values, betas, thread);
+  __syncthreads();
+
+  // W = T (B E K), U = T (B V); each written over its operand once every warp has read it.
+  {
+    float acc[kDk / 8][4];
+    zero(acc);
+    warp_mma<Element, kDk / 8, 4, false, true, ChunkTile, KeyTile>(acc, t_tile, 16 * warp, 0, keys, 0, 0, lane);
+    __syncthreads();
+    store_accumulator<KeyTile>(keys, acc, 1.f, 1.f, 16 * warp, 0, lane);
+  }
+  {
+    float acc[kDv / 8][4];
+    zero(acc);
+    warp_mma<Element, kDv / 8, 4, false, true, ChunkTile, ValueTile>(acc, t_tile, 16 * warp, 0, values, 0, 0, lane);
+    __syncthreads();
+    store_accumulator<ValueTile>(values, acc, 1.f, 1.f, 16 * warp, 0, lane);
+  }
+  __syncthreads();
+  store_tile<KeyTile, kThreads>(p.workspace.w + static_cast<long long>(chunk.start) * hv_count * kDk + hv * kDk,
+                                static_cast<long long>(hv_count) * kDk, keys, chunk.length, thread);
+  store_tile<ValueTile, kThreads>(p.workspace.u + static_cast<long long>(chunk.start) * hv_count * kDv + hv * kDv,
+                                  static_cast<long long>(hv_count) * kDv, values, chunk.length, thread);
+  store_tile<ChunkTile, kThreads>(p.workspace.t_inverse + (static_cast<long long>(chunk.index) * hv_count + hv) * 64 * 64,
+                                  64, t_tile, 64, thread);
+}
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_prepare_kernel(const GatedDeltaParams p) {
+  using Element = typename Config::Element;
+  using KeyTile = typename Config::KeyTile;
+  using ValueTile = typename Config::ValueTile;
+  using Layout = typename Config::ForwardPrepare;
+  constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kThreads;
+
+  extern __shared__ __align__(128) unsigned char shared[];
+  Element* keys = reinterpret_cast<Element*>(shared + Layout::kKeys);
+  Element* values = reinterpret_cast<Element*>(shared + Layout::kValues);
+  float* gates = reinterpret_cast<float*>(shared + Layout::kGates);  // c_i
+  float* betas = gates + 64;
+  float* decays = betas + 64;       // D_i
+  float* key_factors = decays + 64; // beta_i exp(c_i)
+  float* scratch = key_factors + 64;
+
+  const ChunkCoordinates chunk = locate_chunk<Config>(p, blockIdx.x);
+  if (chunk.sequence < 0) return;
+  const int hv = blockIdx.y;
+  const int hk = hv / (p.value_heads / p.key_heads);
+  const int hv_count = p.value_heads;
+  const int thread = threadIdx.x;
+
+  async_load_tile<KeyTile, kThreads>(keys, p.k + chunk.start * p.k_row_stride + hk * kDk, p.k_row_stride,
+                                     chunk.length, thread);
+  if constexpr (Config::kDeltaRule)
+    async_load_tile<ValueTile, kThreads>(values, p.v + chunk.start * p.v_row_stride + hv * kDv, p.v_row_stride,
+                                         chunk.length, thread);
+  cp_async_commit();
+
+  // Gates of the chunk's tokens (padding rows: g = 0, beta = 0), scanned.
+  float gate = 0.f, beta = 0.f;
+  if (thread < chunk.length) token_gate<Config>(p, chunk.start + thread, hv, gate, beta);
+  gate = chunk_inclusive_sum(gate, thread, scratch);
+  if (thread < 64) {
+    gates[thread] = gate;
+    betas[thread] = beta;
+  }
+  __syncthreads();
+  if (thread < 64) {
+    const float last = gates[chunk.length - 1];
+    decays[thread] = thread < chunk.length ? fast_exp(last - gate) : 0.f;
+    key_factors[thread] = beta * fast_exp(gate);
+    if (thread < chunk.length) {
+      const long long index = static_cast<long long>(chunk.start + thread) * hv_count + hv;
+      p.workspace.gate_cumsum[index] = gate;
+      if constexpr (Config::kDeltaRule) p.workspace.beta[index] = beta;
+    }
+  }
+  cp_async_wait<0>();
+  if constexpr (Config::kQkL2Norm) {
+    normalise_rows<KeyTile, kThreads>(keys, nullptr, thread);
+  } else {
+    __syncthreads();
+  }
+
+  // Decayed keys D_j k_j for the state update.
+  {
+    Element* out = p.workspace.decayed_k + static_cast<long long>(chunk.start) * hv_count * kDk + hv * kDk;
+    constexpr int kChunks = 64 * KeyTile::kChunksPerRow;
+    for (int c = thread; c < kChunks; c += kThreads) {
+      const int row = c / KeyTile::kChunksPerRow, col = (c % KeyTile::kChunksPerRow) * 8;
+      if (row >= chunk.length) continue;
+      *reinterpret_cast<uint4*>(out + static_cast<long long>(row) * hv_count * kDk + col) =
+          scale_chunk(*reinterpret_cast<const uint4*>(keys + KeyTile::offset(row, col)), decays[row]);
+    }
+  }
+  if constexpr (Config::kDeltaRule) forward_prepare_wy<Config>(p, chunk, hv, shared);
+}
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_state_kernel(const GatedDeltaParams p) {
+  using Element = typename Config::Element;
+  using KeyTile = typename Config::KeyTile;
+  using ValueBlockTile = typename Config::ValueBlockTile;
+  using StateBlockTile = typename Config::StateBlockTile;
+  using Layout = typename Config::ForwardState;
+  constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kThreads;
+  constexpr int kBlock = Config::kValueBlock, kAtoms = Config::kStateAtoms, kRowsPerWarp = Config::kStateRowsPerWarp;
+  constexpr int kWOffset = 0;
+  constexpr int kKeysOffset = Config::kDeltaRule ? KeyTile::kBytes : 0;
+  constexpr int kValuesOffset = kKeysOffset + KeyTile::kBytes;
+
+  extern __shared__ __align__(128) unsigned char shared[];
+  auto stage = [&](int index, int offset) {
+    return reinterpret_cast<Element*>(shared + Layout::kStages + (index & 1) * Layout::kStageBytes + offset);
+  };
+  Element* state_tile = reinterpret_cast<Element*>(shared + Layout::kState);
+  Element* delta_tile = reinterpret_cast<Element*>(shared + Layout::kDelta);
+
+  const int column0 = blockIdx.x * kBlock, hv = blockIdx.y, sequence = blockIdx.z;
+  const int hv_count = p.value_heads;
+  const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
+  const SequenceCoordinates seq = locate_sequence<Config>(p, sequence);
+  const int chunks = (seq.length + 63) / 64;
+  const long long key_rows = static_cast<long long>(hv_count) * kDk;    // row stride of [T, Hv, Dk]
+  const long long value_rows = static_cast<long long>(hv_count) * kDv;  // row stride of [T, Hv, Dv]
+  const long long state_base = (static_cast<long long>(sequence) * hv_count + hv) * kDk * kDv + column0;
+
+  // The state block, fp32 in registers: warp w owns rows w*kRowsPerWarp + 16m + ...
+  float state[kAtoms][kBlock / 8][4];
+#pragma unroll
+  for (int m = 0; m < kAtoms; ++m)
+#pragma unroll
+    for (int j = 0; j < kBlock / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = warp * kRowsPerWarp + 16 * m + fragment_row(lane, e), col = fragment_col(lane, j, e);
+        state[m][j][e] = Config::kInitialState ? p.initial_state[state_base + row * kDv + col] : 0.f;
+      }
+
+  auto issue = [&](int i) {
+    const long long start = seq.start + 64 * i;
+    const int rows = min(64, seq.length - 64 * i);
+    if constexpr (Config::kDeltaRule) {
+      async_load_tile<KeyTile, kThreads>(stage(i, kWOffset), p.workspace.w + start * key_rows + hv * kDk, key_rows,
+                                         rows, thread);
+      async_load_tile<ValueBlockTile, kThreads>(stage(i, kValuesOffset),
+                                                p.workspace.u + start * value_rows + hv * kDv + column0, value_rows,
+                                                rows, thread);
+    } else {
+      async_load_tile<ValueBlockTile, kThreads>(stage(i, kValuesOffset),
+                                                p.v + start * p.v_row_stride + hv * kDv + column0, p.v_row_stride,
+                                                rows, thread);
+    }
+    async_load_tile<KeyTile, kThreads>(stage(i, kKeysOffset), p.workspace.decayed_k + start * key_rows + hv * kDk,
+                                       key_rows, rows, thread);
+    cp_async_commit();
+  };
+
+  if (chunks > 0) issue(0);
+  for (int i = 0; i < chunks; ++i) {
+    const long long start = seq.start + 64 * i;
+    const int rows = min(64, seq.length - 64 * i);
+    if (i + 1 < chunks) {
+      issue(i + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    const float gate_last = p.workspace.gate_cumsum[(start + rows - 1) * hv_count + hv];
+#pragma unroll
+    for (int m = 0; m < kAtoms; ++m)
+      store_accumulator<StateBlockTile>(state_tile, state[m], 1.f, 1.f, warp * kRowsPerWarp + 16 * m, 0, lane);
+    __syncthreads();
+    store_tile<StateBlockTile, kThreads>(
+        p.workspace.chunk_states + (static_cast<long long>(seq.first_chunk + i) * hv_count + hv) * kDk * kDv + column0,
+        kDv, state_tile, kDk, thread);
+
+    const Element* delta_source = stage(i, kValuesOffset);
+    if constexpr (Config::kDeltaRule) {
+      // delta = U - W S0 for the warp's 16 rows.
+      float acc[kBlock / 8][4];
+      zero(acc);
+      warp_mma<Element, kBlock / 8, kDk / 16, false, true, KeyTile, StateBlockTile>(acc, stage(i, kWOffset),
+                                                                                    16 * warp, 0, state_tile, 0, 0,
+                                                                                    lane);
+#pragma unroll
+      for (int j = 0; j < kBlock / 8; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = 16 * warp + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+          const float2 u = load_pair<ValueBlockTile>(stage(i, kValuesOffset), row, col);
+          store_pair<ValueBlockTile>(delta_tile, row, col, u.x - acc[j][2 * half], u.y - acc[j][2 * half + 1]);
+        }
+      __syncthreads();
+      store_tile<ValueBlockTile, kThreads>(p.workspace.delta + start * value_rows + hv * kDv + column0, value_rows,
+                                           delta_tile, rows, thread);
+      delta_source = delta_tile;
+    }
+    // S = exp(c_last) S0 + (D K)^T delta
+    const float decay = fast_exp(gate_last);
+#pragma unroll
+    for (int m = 0; m < kAtoms; ++m) {
+#pragma unroll
+      for (int j = 0; j < kBlock / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) state[m][j][e] *= decay;
+      warp_mma<Element, kBlock / 8, 4, true, true, KeyTile, ValueBlockTile>(
+          state[m], stage(i, kKeysOffset), warp * kRowsPerWarp + 16 * m, 0, delta_source, 0, 0, lane);
+    }
+    __syncthreads();
+  }
+
+  if constexpr (Config::kFinalState) {
+#pragma unroll
+    for (int m = 0; m < kAtoms; ++m)
+#pragma unroll
+      for (int j = 0; j < kBlock / 8; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = warp * kRowsPerWarp + 16 * m + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+          *reinterpret_cast<float2*>(p.final_state + state_base + row * kDv + col) =
+              make_float2(state[m][j][2 * half], state[m][j][2 * half + 1]);
+        }
+  }
+}
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_output_kernel(const GatedDeltaParams p) {
+  using Element = typename Config::Element;
+  using KeyTile = typename Config::KeyTile;
+  using ValueTile = typename Config::ValueTile;
+  using ChunkTile = typename Config::ChunkTile;
+  using StateTile = typename Config::StateTile;
+  using Layout = typename Config::ForwardOutput;
+  constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kThreads;
+
+  extern __shared__ __align__(128) unsigned char shared[];
+  Element* queries = reinterpret_cast<Element*>(shared + Layout::kQueries);
+  Element* keys = reinterpret_cast<Element*>(shared + Layout::kKeys);
+  Element* state = reinterpret_cast<Element*>(shared + Layout::kState);
+  Element* delta = reinterpret_cast<Element*>(shared + Layout::kDelta);
+  Element* scores = reinterpret_cast<Element*>(shared + Layout::kScores);
+  float* gates = reinterpret_cast<float*>(shared + Layout::kGates);
+
+  const ChunkCoordinates chunk = locate_chunk<Config>(p, blockIdx.x);
+  if (chunk.sequence < 0) return;
+  const int hv = blockIdx.y;
+  const int hk = hv / (p.value_heads / p.key_heads);
+  const int hv_count = p.value_heads;
+  const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
+  const long long start = chunk.start;
+
+  async_load_tile<KeyTile, kThreads>(queries, p.q + start * p.q_row_stride + hk * kDk, p.q_row_stride, chunk.length,
+                                     thread);
+  async_load_tile<KeyTile, kThreads>(keys, p.k + start * p.k_row_stride + hk * kDk, p.k_row_stride, chunk.length,
+                                     thread);
+  async_load_tile<StateTile, kThreads>(
+      state, p.workspace.chunk_states + (static_cast<long long>(chunk.index) * hv_count + hv) * kDk * kDv, kDv, kDk,
+      thread);
+  if constexpr (Config::kDeltaRule) {
+    async_load_tile<ValueTile, kThreads>(delta, p.workspace.delta + start * hv_count * kDv + hv * kDv,
+                                         static_cast<long long>(hv_count) * kDv, chunk.length, thread);
+  } else {
+    async_load_tile<ValueTile, kThreads>(delta, p.v + start * p.v_row_stride + hv * kDv, p.v_row_stride,
+                                         chunk.length, thread);
+  }
+  cp_async_commit();
+  if (thread < 64) gates[thread] = p.workspace.gate_cumsum[(start + min(thread, chunk.length - 1)) * hv_count + hv];
+  cp_async_wait<0>();
+  if constexpr (Config::kQkL2Norm) {
+    normalise_rows<KeyTile, kThreads>(queries, nullptr, thread);
+    normalise_rows<KeyTile, kThreads>(keys, nullptr, thread);
+  } else {
+    __syncthreads();
+  }
+
+  // P = scale lower(Q K^T o Gamma), the warp's 16 rows.
+  {
+    float acc[8][4];
+    zero(acc);
+    warp_mma<Element, 8, kDk / 16, false, false, KeyTile, KeyTile>(acc, queries, 16 * warp, 0, keys, 0, 0, lane);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = 16 * warp + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+        const float x = col <= row ? p.scale * fast_exp(gates[row] - gates[col]) * acc[j][2 * half] : 0.f;
+        const float y = col + 1 <= row ? p.scale * fast_exp(gates[row] - gates[col + 1]) * acc[j][2 * half + 1] : 0.f;
+        store_pair<ChunkTile>(scores, row, col, x, y);
+      }
+    __syncwarp();
+  }
+  // O = scale E Q S0 + P delta
+  float acc[kDv / 8][4];
+  zero(acc);
+  warp_mma<Element, kDv / 8, kDk / 16, false, true, KeyTile, StateTile>(acc, queries, 16 * warp, 0, state, 0, 0, lane);
+  const float upper = p.scale * fast_exp(gates[16 * warp + fragment_row(lane, 0)]);
+  const float lower = p.scale * fast_exp(gates[16 * warp + fragment_row(lane, 2)]);
+#pragma unroll
+  for (int j = 0; j < kDv / 8; ++j) {
+    acc[j][0] *= upper;
+    acc[j][1] *= upper;
+    acc[j][2] *= lower;
+    acc[j][3] *= lower;
+  }
+  warp_mma<Element, kDv / 8, 4, false, true, ChunkTile, ValueTile>(acc, scores, 16 * warp, 0, delta, 0, 0, lane);
+  __syncthreads();
+  store_accumulator<ValueTile>(delta, acc, 1.f, 1.f, 16 * warp, 0, lane);
+  __syncthreads();
+  store_tile<ValueTile, kThreads>(p.o + start * p.o_row_stride + hv * kDv, p.o_row_stride, delta, chunk.length, thread);
+}
+
+}  // namespace kernels
+}  // namespace dflex
