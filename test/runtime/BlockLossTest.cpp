@@ -87,6 +87,33 @@ TEST(BlockLoss, MatchesDenseReferenceInFloat32AndBFloat16) {
   }
 }
 
+// Needs a GPU: CUDA multiplies bf16 operands with a float32 result, a path the
+// CPU does not take.
+TEST(BlockLoss, CudaMatchesDenseReference) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "LibTorch sees no CUDA device";
+  Problem p = makeProblem(torch::kDouble, 1000, 64);
+  Tensor reference = p.hidden.clone().requires_grad_();
+  Tensor dense = denseLoss(reference, p.head, p.labels, p.weights);
+  dense.backward();
+  for (auto [dtype, tolerance] : {std::pair{torch::kFloat, 1e-4}, std::pair{torch::kBFloat16, 3e-2}}) {
+    auto cuda = torch::TensorOptions().device(torch::kCUDA, 0);
+    Tensor hidden = p.hidden.to(cuda.dtype(dtype)).requires_grad_();
+    BlockLossOptions options;
+    options.chunkRows = 13;
+    BlockLossResult result = blockCrossEntropy(hidden, p.head.to(cuda.dtype(dtype)),
+                                               p.labels.to(cuda), p.weights.to(cuda), options);
+    result.loss.backward();
+    EXPECT_TRUE(result.loss.is_cuda());
+    EXPECT_NEAR(result.loss.item<double>(), dense.item<double>(),
+                tolerance * std::abs(dense.item<double>()));
+    double scale = reference.grad().abs().max().item<double>();
+    double error =
+        (hidden.grad().cpu().to(torch::kDouble) - reference.grad()).abs().max().item<double>();
+    EXPECT_LT(error, tolerance * scale) << c10::toString(dtype);
+  }
+}
+
 TEST(BlockLoss, ReportsCorrectPredictionsAndWeightSum) {
   Problem p = makeProblem(torch::kFloat);
   // Make the label the argmax of some rows.

@@ -1,6 +1,9 @@
 #include "dflex/runtime/CudaDriver.h"
 
+#include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
+#include <nvrtc.h>
+#include <torch/torch.h>
 
 using namespace dflex::runtime;
 
@@ -35,4 +38,56 @@ TEST(CudaDriver, ProcessDriverIsConsistent) {
   EXPECT_FALSE(info.name.empty());
   EXPECT_GE(info.computeMajor, 7);
   EXPECT_THROW(queryDevice(driver, driver.deviceCount()), CudaError);
+}
+
+// Needs a GPU: NVRTC PTX for the device, loaded by the run-time driver into
+// LibTorch's context and launched on LibTorch's stream over a LibTorch tensor.
+TEST(CudaDriver, ModuleFromNvrtcRunsOnLibTorchStream) {
+  const CudaDriver &driver = CudaDriver::instance();
+  if (!driver.ready())
+    GTEST_SKIP() << driver.message();
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "LibTorch sees no CUDA device";
+  CudaDeviceInfo info = queryDevice(driver, 0);
+  const char *source = R"(
+extern "C" __global__ void affine(float *x, float a, float b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = a * x[i] + b;
+})";
+  nvrtcProgram program;
+  ASSERT_EQ(nvrtcCreateProgram(&program, source, "affine.cu", 0, nullptr, nullptr),
+            NVRTC_SUCCESS);
+  std::string arch = "--gpu-architecture=compute_" +
+                     std::to_string(info.computeMajor * 10 + info.computeMinor);
+  const char *options[] = {arch.c_str()};
+  nvrtcResult compiled = nvrtcCompileProgram(program, 1, options);
+  size_t logSize = 0;
+  nvrtcGetProgramLogSize(program, &logSize);
+  std::string log(logSize, '\0');
+  nvrtcGetProgramLog(program, log.data());
+  ASSERT_EQ(compiled, NVRTC_SUCCESS) << log;
+  size_t ptxSize = 0;
+  ASSERT_EQ(nvrtcGetPTXSize(program, &ptxSize), NVRTC_SUCCESS);
+  std::string ptx(ptxSize, '\0');
+  ASSERT_EQ(nvrtcGetPTX(program, ptx.data()), NVRTC_SUCCESS);
+  nvrtcDestroyProgram(&program);
+
+  const int n = 1000;
+  torch::Tensor x = torch::arange(n, torch::dtype(torch::kFloat).device(torch::kCUDA, 0));
+  CudaModule module(driver, 0, ptx, "affine test module");
+  CUfunction affine = module.function("affine");
+  void *data = x.data_ptr();
+  float a = 2.0f, b = 1.0f;
+  int count = n;
+  void *arguments[] = {&data, &a, &b, &count};
+  module.launch(affine, {(n + 255) / 256, 1, 1}, {256, 1, 1}, 0,
+                c10::cuda::getCurrentCUDAStream(0).stream(), arguments);
+  EXPECT_TRUE(torch::equal(x.cpu(), torch::arange(n, torch::kFloat) * 2 + 1));
+  try {
+    module.function("missing");
+    ADD_FAILURE() << "a missing kernel was found";
+  } catch (const CudaError &error) {
+    EXPECT_NE(std::string(error.what()).find("affine test module, missing"), std::string::npos)
+        << error.what();
+  }
 }

@@ -36,6 +36,17 @@ def main():
     assert torch.allclose(mine.grad, ref.grad, rtol=1e-9, atol=1e-14), (mine.grad - ref.grad).abs().max()
     assert torch.equal(correct, (logits.argmax(-1) == labels) & (weights > 0))
 
+    if torch.cuda.is_available():
+        # The CUDA path multiplies on the device with float32 accumulation.
+        cuda = hidden.float().cuda().requires_grad_()
+        loss_cuda, correct_cuda = torch.ops.dflex.block_cross_entropy(
+            cuda, head.float().cuda(), labels.cuda(), weights.cuda(), 5)
+        loss_cuda.backward()
+        assert abs(loss_cuda.item() - expected.item()) < 1e-4 * abs(expected.item())
+        assert torch.allclose(cuda.grad.double().cpu(), ref.grad, rtol=1e-3, atol=1e-6)
+        assert torch.equal(correct_cuda.cpu(), correct)
+        print("cuda: ok")
+
     try:
         torch.ops.dflex.block_cross_entropy(hidden, head, labels.clamp_min(0) * 0 + 300, weights)
     except RuntimeError as error:
