@@ -74,19 +74,7 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_prepare
 
   // P = scale lower(Q K^T o Gamma); then the warp's own query rows become scale exp(c) q.
   {
-    float acc[8][4];
-    zero(acc);
-    warp_mma<Element, 8, kDk / 16, false, false, KeyTile, KeyTile>(acc, queries, 16 * warp, 0, keys, 0, 0, lane);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = 16 * warp + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
-        const float x = col <= row ? p.scale * fast_exp(gates[row] - gates[col]) * acc[j][2 * half] : 0.f;
-        const float y = col + 1 <= row ? p.scale * fast_exp(gates[row] - gates[col + 1]) * acc[j][2 * half + 1] : 0.f;
-        store_pair<ChunkTile>(scores, row, col, x, y);
-      }
-    __syncwarp();
+    store_chunk_scores<Config>(scores, queries, keys, gates, p.scale, warp, lane);
     for (int c = lane; c < 16 * KeyTile::kChunksPerRow; c += 32) {
       const int row = 16 * warp + c / KeyTile::kChunksPerRow, col = (c % KeyTile::kChunksPerRow) * 8;
       uint4* address = reinterpret_cast<uint4*>(queries + KeyTile::offset(row, col));

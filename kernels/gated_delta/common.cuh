@@ -212,5 +212,30 @@ __device__ __forceinline__ void store_global_pair(__nv_bfloat16* address, float 
 __device__ __forceinline__ int fragment_row(int lane, int e) { return (lane >> 2) + ((e >> 1) << 3); }
 __device__ __forceinline__ int fragment_col(int lane, int j, int e) { return 8 * j + 2 * (lane & 3) + (e & 1); }
 
+// P = scale lower(Q K^T o Gamma) for the 16 rows 16*warp.. of a chunk: one
+// warp of the block writes its rows of `scores` (a ChunkTile) from the q and
+// k tiles and the chunk's cumulative gates, and is then done with them.
+template <class Config>
+__device__ __forceinline__ void store_chunk_scores(__nv_bfloat16* scores, const __nv_bfloat16* queries,
+                                                   const __nv_bfloat16* keys, const float* gates, float scale,
+                                                   int warp, int lane) {
+  using KeyTile = typename Config::KeyTile;
+  using ChunkTile = typename Config::ChunkTile;
+  float acc[8][4];
+  zero(acc);
+  warp_mma<__nv_bfloat16, 8, Config::kKeyDim / 16, false, false, KeyTile, KeyTile>(acc, queries, 16 * warp, 0, keys,
+                                                                                   0, 0, lane);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = 16 * warp + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+      const float x = col <= row ? scale * fast_exp(gates[row] - gates[col]) * acc[j][2 * half] : 0.f;
+      const float y = col + 1 <= row ? scale * fast_exp(gates[row] - gates[col + 1]) * acc[j][2 * half + 1] : 0.f;
+      store_pair<ChunkTile>(scores, row, col, x, y);
+    }
+  __syncwarp();
+}
+
 }  // namespace kernels
 }  // namespace dflex
