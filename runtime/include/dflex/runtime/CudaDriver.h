@@ -109,7 +109,8 @@ struct LaunchExtent {
   unsigned x = 1, y = 1, z = 1;
 };
 
-/// A loaded module (cubin or PTX image) in a device's primary context.
+/// A loaded module (cubin or PTX image) in a device's primary context. The
+/// driver must outlive it (CudaDriver::instance() lives for the process).
 class CudaModule {
 public:
   /// `image` is a cubin, fatbin or NUL-terminated PTX; `label` names it in
