@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""dflex attention against torch.compile'd flex_attention, in one process.
+
+usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--quick]
+
+BUNDLES_DIR holds one bundle per example (dflex-compile output). For each
+shape: forward and forward+backward time (CUDA events, median), peak memory
+above the inputs, and the flex/dflex ratio; then the cost of a new anchor
+layout (dflex: the op call builds tile lists; flex: create_block_mask, and a
+recompile per new anchor count). Prints JSON rows and a table last.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+LIB, BUNDLES = sys.argv[1], sys.argv[2]
+QUICK = "--quick" in sys.argv
+torch.ops.load_library(LIB)
+dev, dt = "cuda", torch.bfloat16
+BLOCK = 16
+rows = []
+
+
+def bench(fn, iters=10, warm=3):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def measure(name, forward, make_inputs):
+    """Median fwd and fwd+bwd ms and peak extra GiB of forward(q, k, v) -> o."""
+    torch.cuda.empty_cache()
+    q, k, v, do = make_inputs()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fwd = bench(lambda: forward(q, k, v))
+
+    def fwd_bwd():
+        o = forward(q, k, v)
+        o.backward(do)
+        q.grad = k.grad = v.grad = None
+
+    fwdbwd = bench(fwd_bwd)
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return dict(impl=name, fwd_ms=round(fwd, 3), fwdbwd_ms=round(fwdbwd, 3), peak_GiB=round(peak, 3))
+
+
+def inputs(batch, hq, hkv, tq, tkv, d):
+    def make():
+        torch.manual_seed(0)
+        # [B, H, T, D] storage; dflex reads the [B, T, H, D] view of the same memory.
+        q = torch.randn(batch, hq, tq, d, device=dev, dtype=dt, requires_grad=True)
+        k = torch.randn(batch, hkv, tkv, d, device=dev, dtype=dt, requires_grad=True)
+        v = torch.randn(batch, hkv, tkv, d, device=dev, dtype=dt, requires_grad=True)
+        do = torch.randn(batch, hq, tq, d, device=dev, dtype=dt)
+        return q, k, v, do
+    return make
+
+
+def dflex_forward(bundle, spec, captures):
+    path = os.path.join(BUNDLES, bundle)
+
+    def forward(q, k, v):
+        o, _ = torch.ops.dflex.attention(path, spec, q.transpose(1, 2), k.transpose(1, 2),
+                                         v.transpose(1, 2), captures())
+        return o.transpose(1, 2)
+    return forward
+
+
+def random_anchors(count, context):
+    return torch.sort(torch.randperm(context - 1, device=dev)[:count] + 1).values.to(torch.int32)
+
+
+def compare(case, batch, hq, hkv, tq, tkv, d, dflex_fwd, mask_mod, extra=None):
+    make = inputs(batch, hq, hkv, tq, tkv, d)
+    block_mask = create_block_mask(mask_mod, batch, None, tq, tkv, device=dev)
+    compiled = torch.compile(flex_attention, dynamic=False)
+    flex = measure("flex_compiled", lambda q, k, v: compiled(q, k, v, block_mask=block_mask,
+                                                             enable_gqa=True), make)
+    ours = measure("dflex", dflex_fwd, make)
+    row = dict(case=case, flex=flex, dflex=ours,
+               fwd_speedup=round(flex["fwd_ms"] / ours["fwd_ms"], 3),
+               fwdbwd_speedup=round(flex["fwdbwd_ms"] / ours["fwdbwd_ms"], 3))
+    if extra:
+        row.update(extra)
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+
+
+# The DFlash training mask: 512 anchors x 16 queries, 8192 context keys + 8192 block keys.
+ANCHORS, CONTEXT = 512, 8192
+anchors = random_anchors(ANCHORS, CONTEXT)
+
+
+def dflash_mask(b, h, q, kv):
+    blk = q // BLOCK
+    a = anchors[blk]
+    return torch.where(kv < CONTEXT, kv < a, (kv - CONTEXT) // BLOCK == blk)
+
+
+compare("dflash 8192x16384 32/8 d128", 1, 32, 8, ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK, 128,
+        dflex_forward("dflash", "drafter_attention",
+                      lambda: [anchors[None], torch.tensor(CONTEXT, dtype=torch.int64)]),
+        dflash_mask)
+
+WINDOW = 2048
+
+
+def dflash_window_mask(b, h, q, kv):
+    blk = q // BLOCK
+    a = anchors[blk]
+    ctx = (kv < a) & (kv >= a - WINDOW)
+    own = ((kv - CONTEXT) // BLOCK == blk) & (kv - CONTEXT <= q)
+    return torch.where(kv < CONTEXT, ctx, own)
+
+
+compare("dflash sliding window 2048", 1, 32, 8, ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK, 128,
+        dflex_forward("dflash_sliding_window", "drafter_sliding_window_attention",
+                      lambda: [anchors[None], torch.tensor(CONTEXT, dtype=torch.int64),
+                               torch.tensor(WINDOW, dtype=torch.int64)]),
+        dflash_window_mask)
+
+if not QUICK:
+    causal = lambda b, h, q, kv: q >= kv
+    compare("causal T=8192 32/8 d128", 1, 32, 8, 8192, 8192, 128,
+            dflex_forward("causal", "causal_attention", lambda: []), causal)
+    compare("causal T=8192 16/2 d256", 1, 16, 2, 8192, 8192, 256,
+            dflex_forward("causal_d256", "causal_d256", lambda: []), causal)
+
+# A new anchor layout each step: dflex builds its tile lists inside the call;
+# flex needs create_block_mask, and compiled flex recompiles for each new
+# anchor count (new query length).
+new_layout = []
+for count in (480, 500, 512):
+    fresh = random_anchors(count, CONTEXT)
+    tq, tkv = count * BLOCK, CONTEXT + count * BLOCK
+    make = inputs(1, 32, 8, tq, tkv, 128)
+    q, k, v, do = make()
+    fwd = dflex_forward("dflash", "drafter_attention",
+                        lambda: [fresh[None], torch.tensor(CONTEXT, dtype=torch.int64)])
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    o = fwd(q, k, v)
+    o.backward(do)
+    torch.cuda.synchronize()
+    dflex_first = time.perf_counter() - start
+
+    def fresh_mask(b, h, qi, kv):
+        blk = qi // BLOCK
+        return torch.where(kv < CONTEXT, kv < fresh[blk], (kv - CONTEXT) // BLOCK == blk)
+
+    start = time.perf_counter()
+    block_mask = create_block_mask(fresh_mask, 1, None, tq, tkv, device=dev)
+    torch.cuda.synchronize()
+    mask_s = time.perf_counter() - start
+    compiled = torch.compile(flex_attention, dynamic=False)
+    start = time.perf_counter()
+    o = compiled(q, k, v, block_mask=block_mask, enable_gqa=True)
+    o.backward(do)
+    torch.cuda.synchronize()
+    flex_first = time.perf_counter() - start
+    row = dict(case=f"new anchor count {count}", dflex_first_step_s=round(dflex_first, 3),
+               flex_create_block_mask_s=round(mask_s, 4), flex_first_step_s=round(flex_first, 2))
+    print(json.dumps(row), flush=True)
+    new_layout.append(row)
+
+print("\n| case | flex fwd ms | dflex fwd ms | fwd x | flex fwd+bwd ms | dflex fwd+bwd ms | fwd+bwd x | flex peak GiB | dflex peak GiB |")
+print("|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    f, d = r["flex"], r["dflex"]
+    print(f"| {r['case']} | {f['fwd_ms']} | {d['fwd_ms']} | {r['fwd_speedup']} | {f['fwdbwd_ms']} | "
+          f"{d['fwdbwd_ms']} | {r['fwdbwd_speedup']} | {f['peak_GiB']} | {d['peak_GiB']} |")
+print("\n| new anchor layout | dflex first fwd+bwd s | flex create_block_mask s | flex first fwd+bwd s |")
+print("|---|---|---|---|")
+for r in new_layout:
+    print(f"| {r['case']} | {r['dflex_first_step_s']} | {r['flex_create_block_mask_s']} | {r['flex_first_step_s']} |")

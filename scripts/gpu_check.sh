@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root: builds the runtime half
+# against the machine's LibTorch, runs every GPU correctness check and the
+# benchmarks, and prints a short table last. Needs the bundles made by
+# scripts/prepare_gpu.sh in .device/bundles. Logs go to $OUT (or /tmp/dflex-gpu).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+logs=${OUT:-/tmp/dflex-gpu}
+mkdir -p "$logs"
+jobs=$(nproc)
+summary=()
+
+step() { # name command...
+  local name=$1 start status
+  shift
+  start=$(date +%s)
+  if "$@" >"$logs/$name.log" 2>&1; then status=ok; else status=FAILED; fi
+  summary+=("$(printf '%-28s %-7s %5ss' "$name" "$status" "$(($(date +%s) - start))")")
+  echo "== $name: $status"
+  tail -n 25 "$logs/$name.log"
+}
+
+build_runtime() {
+  local tests=ON
+  python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDFLEX_BUILD_COMPILER=OFF \
+        -DDFLEX_BUILD_TESTS=$tests || { tests=OFF; cmake -S . -B build-gpu -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release -DDFLEX_BUILD_COMPILER=OFF -DDFLEX_BUILD_TESTS=OFF; } &&
+    ninja -C build-gpu -j "$jobs"
+}
+
+step build build_runtime
+[ -d build-gpu/test ] && step runtime_tests ctest --test-dir build-gpu --output-on-failure -j 4
+step attention_kernels make -C test/gpu/attention run BUILD_DIR="$root/build-gpu-attention"
+[ -f test/gpu/gated_delta/Makefile ] &&
+  step gated_delta_kernels make -C test/gpu/gated_delta run BUILD_DIR="$root/build-gpu-gdn"
+[ -f test/gpu/runtime/run.sh ] && step runtime_attention bash test/gpu/runtime/run.sh build-gpu .device/bundles
+step attention_bench python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles
+
+echo
+echo "== tables"
+grep -h '^|' "$logs/attention_bench.log" 2>/dev/null
+echo
+echo "== summary"
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# On a machine with MLIR: builds the compiler and compiles every example and
+# benchmark spec into kernel bundles under .device/bundles (git-ignored), the
+# folder the GPU machine receives (carry it) for scripts/gpu_check.sh.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${DFLEX_BUILD_DIR:-$root/build}
+"$root/scripts/build.sh" >/dev/null
+rm -rf "$root/.device/bundles"
+mkdir -p "$root/.device/bundles"
+for spec in "$root"/examples/*.mlir "$root"/bench/specs/*.mlir; do
+  "$build/bin/dflex-compile" "$spec" --arch sm_90 --arch sm_120 --quiet \
+    -o "$root/.device/bundles/$(basename "$spec" .mlir)"
+done
+du -sh "$root/.device/bundles"
