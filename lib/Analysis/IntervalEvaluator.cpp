@@ -37,13 +37,27 @@ namespace {
 using i128 = __int128;
 using u64 = uint64_t;
 
+/// An integer range inside the evaluator (16 bytes: returned in registers).
+struct Range {
+  int64_t lo, hi;
+  Truth truth() const { return AbstractValue::ofRange(lo, hi).truth(); }
+};
+Range ofRange(int64_t lo, int64_t hi) { return Range{lo, hi}; }
+
+
+/// A float: its value when exact, else any float (NaN included).
+struct FloatValue {
+  float f = 0.0f;
+  bool exact = false;
+};
+
 int64_t minSigned(int w) { return sem::minSigned(w); }
 int64_t maxSigned(int w) {
   return w >= 64 ? std::numeric_limits<int64_t>::max()
                  : static_cast<int64_t>((u64{1} << (w - 1)) - 1);
 }
-AbstractValue fullRange(int w) { return AbstractValue::ofRange(minSigned(w), maxSigned(w)); }
-AbstractValue point(int64_t v) { return AbstractValue::ofRange(v, v); }
+Range fullRange(int w) { return ofRange(minSigned(w), maxSigned(w)); }
+Range point(int64_t v) { return ofRange(v, v); }
 
 i128 floorDiv(i128 a, i128 d) { // d > 0
   i128 q = a / d;
@@ -52,7 +66,9 @@ i128 floorDiv(i128 a, i128 d) { // d > 0
 
 /// The values {x mod 2^w, sign-extended : x in [lo, hi]} as a range: exact
 /// when the range does not cross a wrap-around point, else the full range.
-AbstractValue wrapRange(i128 lo, i128 hi, int w) {
+Range wrapRange(i128 lo, i128 hi, int w) {
+  if (lo >= minSigned(w) && hi <= maxSigned(w))
+    return ofRange(static_cast<int64_t>(lo), static_cast<int64_t>(hi));
   const i128 span = i128{1} << w;
   if (hi - lo >= span)
     return fullRange(w);
@@ -60,7 +76,7 @@ AbstractValue wrapRange(i128 lo, i128 hi, int w) {
   i128 k = floorDiv(lo - base, span);
   if (floorDiv(hi - base, span) != k)
     return fullRange(w);
-  return AbstractValue::ofRange(static_cast<int64_t>(lo - k * span),
+  return ofRange(static_cast<int64_t>(lo - k * span),
                                 static_cast<int64_t>(hi - k * span));
 }
 
@@ -78,11 +94,11 @@ struct Hull {
     hi = any ? std::max(hi, h) : h;
     any = true;
   }
-  void add(const AbstractValue &v) { add(v.lo, v.hi); }
+  void add(const Range &v) { add(v.lo, v.hi); }
   void addPoint(i128 v) { add(v, v); }
   /// Only called with values inside the width's range.
-  AbstractValue value() const {
-    return AbstractValue::ofRange(static_cast<int64_t>(lo), static_cast<int64_t>(hi));
+  Range value() const {
+    return ofRange(static_cast<int64_t>(lo), static_cast<int64_t>(hi));
   }
 };
 
@@ -92,7 +108,7 @@ struct UnsignedRange {
 };
 
 /// The unsigned values of a signed range: one or two pieces.
-int toUnsigned(const AbstractValue &v, int w, UnsignedRange pieces[2]) {
+int toUnsigned(const Range &v, int w, UnsignedRange pieces[2]) {
   if (v.lo >= 0) {
     pieces[0] = {static_cast<u64>(v.lo), static_cast<u64>(v.hi)};
     return 1;
@@ -116,31 +132,31 @@ void addUnsigned(Hull &hull, u64 lo, u64 hi, int w) {
 }
 
 Truth join(Truth a, Truth b) { return a == b ? a : Truth::Both; }
-Truth negate(Truth t) {
+inline __attribute__((always_inline)) Truth negate(Truth t) {
   return t == Truth::True ? Truth::False : t == Truth::False ? Truth::True : Truth::Both;
 }
-AbstractValue ofTruth(Truth t) {
+inline __attribute__((always_inline)) Range ofTruth(Truth t) {
   return t == Truth::True    ? point(-1)
          : t == Truth::False ? point(0)
-                             : AbstractValue::ofRange(-1, 0);
+                             : ofRange(-1, 0);
 }
 
 /// Ordered comparisons of two ranges of one signedness.
-template <class T> Truth lessThan(T alo, T ahi, T blo, T bhi) {
+template <class T> inline __attribute__((always_inline)) Truth lessThan(T alo, T ahi, T blo, T bhi) {
   if (ahi < blo)
     return Truth::True;
   if (alo >= bhi)
     return Truth::False;
   return Truth::Both;
 }
-template <class T> Truth lessEqual(T alo, T ahi, T blo, T bhi) {
+template <class T> inline __attribute__((always_inline)) Truth lessEqual(T alo, T ahi, T blo, T bhi) {
   if (ahi <= blo)
     return Truth::True;
   if (alo > bhi)
     return Truth::False;
   return Truth::Both;
 }
-template <class T> Truth equal(T alo, T ahi, T blo, T bhi) {
+template <class T> inline __attribute__((always_inline)) Truth equal(T alo, T ahi, T blo, T bhi) {
   if (alo == ahi && blo == bhi && alo == blo)
     return Truth::True;
   if (ahi < blo || bhi < alo)
@@ -148,7 +164,7 @@ template <class T> Truth equal(T alo, T ahi, T blo, T bhi) {
   return Truth::Both;
 }
 
-template <class T> Truth compare(int predicate, T alo, T ahi, T blo, T bhi) {
+template <class T> inline __attribute__((always_inline)) Truth compare(int predicate, T alo, T ahi, T blo, T bhi) {
   switch (predicate) {
   case sem::EQ: return equal(alo, ahi, blo, bhi);
   case sem::NE: return negate(equal(alo, ahi, blo, bhi));
@@ -159,8 +175,9 @@ template <class T> Truth compare(int predicate, T alo, T ahi, T blo, T bhi) {
   }
 }
 
-Truth compareIntegers(int predicate, const AbstractValue &a, const AbstractValue &b, int w) {
-  if (predicate < sem::ULT)
+Truth compareIntegers(int predicate, const Range &a, const Range &b, int w) {
+  // Non-negative values order the same way signed and unsigned.
+  if (predicate < sem::ULT || (a.lo >= 0 && b.lo >= 0))
     return compare<int64_t>(predicate, a.lo, a.hi, b.lo, b.hi);
   UnsignedRange pa[2], pb[2];
   int na = toUnsigned(a, w, pa), nb = toUnsigned(b, w, pb);
@@ -175,7 +192,7 @@ Truth compareIntegers(int predicate, const AbstractValue &a, const AbstractValue
 /// rule, so monotone in each operand on each side of zero; -1 negates (and
 /// wraps the minimum), 0 gives 0.
 template <class Divide>
-AbstractValue signedDivision(const AbstractValue &a, const AbstractValue &b, int w,
+Range signedDivision(const Range &a, const Range &b, int w,
                              Divide divide) {
   Hull hull;
   if (b.lo <= 0 && b.hi >= 0)
@@ -194,7 +211,7 @@ AbstractValue signedDivision(const AbstractValue &a, const AbstractValue &b, int
   return hull.value();
 }
 
-AbstractValue signedRemainder(const AbstractValue &a, const AbstractValue &b) {
+Range signedRemainder(const Range &a, const Range &b) {
   Hull hull;
   if (b.lo <= 0 && b.hi >= -1)
     hull.addPoint(0); // x % 0 == x % -1 == 0
@@ -239,7 +256,7 @@ AbstractValue signedRemainder(const AbstractValue &a, const AbstractValue &b) {
 
 /// divui, ceildivui and remui on the unsigned pieces of the operands.
 enum class UnsignedDivision { Quotient, CeilQuotient, Remainder };
-AbstractValue unsignedDivision(const AbstractValue &a, const AbstractValue &b, int w,
+Range unsignedDivision(const Range &a, const Range &b, int w,
                                UnsignedDivision kind) {
   UnsignedRange pa[2], pb[2];
   int na = toUnsigned(a, w, pa), nb = toUnsigned(b, w, pb);
@@ -276,7 +293,7 @@ AbstractValue unsignedDivision(const AbstractValue &a, const AbstractValue &b, i
 }
 
 /// maxui / minui: the result is one of the operands.
-AbstractValue unsignedMinMax(const AbstractValue &a, const AbstractValue &b, int w, bool isMax) {
+Range unsignedMinMax(const Range &a, const Range &b, int w, bool isMax) {
   UnsignedRange pa[2], pb[2];
   int na = toUnsigned(a, w, pa), nb = toUnsigned(b, w, pb);
   Hull hull;
@@ -290,11 +307,9 @@ AbstractValue unsignedMinMax(const AbstractValue &a, const AbstractValue &b, int
   return hull.value();
 }
 
-Truth truthOf(const AbstractValue &v) { return v.truth(); }
-
-AbstractValue bitwise(Opcode op, const AbstractValue &a, const AbstractValue &b, int w) {
+Range bitwise(Opcode op, const Range &a, const Range &b, int w) {
   if (w == 1) { // three-valued logic on {false, true}
-    Truth x = truthOf(a), y = truthOf(b);
+    Truth x = a.truth(), y = b.truth();
     if (op == Opcode::AndI)
       return ofTruth(x == Truth::False || y == Truth::False ? Truth::False
                      : x == Truth::True && y == Truth::True ? Truth::True
@@ -322,7 +337,7 @@ AbstractValue bitwise(Opcode op, const AbstractValue &a, const AbstractValue &b,
                  : bNonNegative               ? b.hi
                  : aNegative && bNegative     ? std::min(a.hi, b.hi)
                                               : std::max(a.hi, b.hi);
-    return AbstractValue::ofRange(lo, hi);
+    return ofRange(lo, hi);
   }
   if (op == Opcode::OrI) {
     // Setting bits never lowers a value of a given sign; a negative operand
@@ -333,21 +348,21 @@ AbstractValue bitwise(Opcode op, const AbstractValue &a, const AbstractValue &b,
                  : bNegative ? b.lo
                              : std::min(a.lo, b.lo);
     int64_t hi = aNegative || bNegative ? -1 : bitsUpTo(std::max(a.hi, b.hi));
-    return AbstractValue::ofRange(lo, hi);
+    return ofRange(lo, hi);
   }
   // xor: every operand fits in k + 1 signed bits, so does the result.
   int64_t magnitude = std::max({a.hi, b.hi, ~a.lo, ~b.lo, int64_t{0}});
   int64_t bound = bitsUpTo(magnitude);
   bool aKnown = aNonNegative || aNegative, bKnown = bNonNegative || bNegative;
   if (aKnown && bKnown)
-    return aNegative == bNegative ? AbstractValue::ofRange(0, bound)
-                                  : AbstractValue::ofRange(~bound, -1);
-  return AbstractValue::ofRange(~bound, bound);
+    return aNegative == bNegative ? ofRange(0, bound)
+                                  : ofRange(~bound, -1);
+  return ofRange(~bound, bound);
 }
 
 /// Shifts: the amount is an unsigned value of the width; amounts >= w give
 /// 0 (shli, shrui) or the sign (shrsi).
-AbstractValue shift(Opcode op, const AbstractValue &a, const AbstractValue &b, int w) {
+Range shift(Opcode op, const Range &a, const Range &b, int w) {
   UnsignedRange amounts[2];
   int n = toUnsigned(b, w, amounts);
   Hull hull;
@@ -488,19 +503,43 @@ Dependencies computeDependencies(const expr::Program &program) {
 // The evaluator.
 //===----------------------------------------------------------------------===//
 
+/// A live instruction, decoded for a fast evaluation loop.
+struct Step {
+  Opcode op;
+  uint8_t width;        // of the result, for integers
+  uint8_t operandWidth; // imm2 of comparisons and unsigned extensions
+  bool floatResult;
+  int32_t result;       // the instruction number
+  int32_t a, b, c;      // operands (or -1)
+  int64_t imm;
+};
+
 struct IntervalEvaluator::Impl {
   expr::Program program;
   std::vector<expr::CaptureValue> captures;
   Dependencies deps;
-  std::vector<AbstractValue> values;
-  AbstractValue leading[5];
+  // Integer results live in `ranges`, float results in `floats` (kept apart
+  // so that the hot integer rules return their 16 bytes in registers).
+  std::vector<Range> ranges;
+  std::vector<FloatValue> floats;
+  Range leadingRanges[5];
+  FloatValue score; // a score_mod's first argument
 
   // Live instructions by what they depend on: none (evaluated once, at
   // creation), any leading argument, and per mask argument v those that do
   // not depend on v (fixed) and those that do (varying).
-  std::vector<int32_t> dependentOrder;
-  std::vector<int32_t> fixedOrder[4], varyingOrder[4];
+  std::vector<Step> dependentOrder;
+  std::vector<Step> fixedOrder[4], varyingOrder[4];
   int varyingArgument = -1; // of the last fix(), -1 before
+  std::vector<int64_t> breakpoints; // of the last fix()
+  std::vector<int64_t> offsets;     // per instruction, scratch of findBreakpoints
+  std::vector<bool> affine;         // per instruction: varying argument + offsets[n]
+  std::vector<uint8_t> varyingIn;   // per instruction: bit v if in varyingOrder[v]
+  // Per mask argument v: the steps that may be v plus offsets (Argument,
+  // casts, additions and subtractions of other values) and the comparisons
+  // of those with other values, in order; empty when there is no such
+  // comparison.
+  std::vector<Step> affineOrder[4];
 
   std::vector<std::unique_ptr<TensorSummary>> summaries; // per integer tensor capture
 
@@ -510,147 +549,330 @@ struct IntervalEvaluator::Impl {
   std::vector<expr::Program> singles;
   std::vector<expr::Value> scratch;
 
-  AbstractValue readInteger(const Instruction &inst);
-  AbstractValue exactFloatInstruction(size_t n);
-  AbstractValue step(size_t n);
-  void run(const std::vector<int32_t> &order) {
-    for (int32_t n : order)
-      values[n] = step(n);
+  Range readInteger(const Instruction &inst);
+  void findBreakpoints();
+  void collectAffineOrders(int maskOffset);
+  bool evaluateExactly(size_t n, expr::Value &out);
+  Range integerStep(const Step &s);
+  FloatValue floatStep(const Step &s);
+  /// Evaluates `order`; the operations masks use most are done inline
+  /// (without widening or special cases), everything else by the full rules.
+  void run(const std::vector<Step> &order) {
+    Range *r = ranges.data();
+    for (const Step &s : order) {
+      Range &out = r[s.result];
+      switch (s.op) {
+      case Opcode::Argument:
+        if (s.floatResult)
+          break;
+        out = leadingRanges[s.imm];
+        continue;
+      case Opcode::CmpI: {
+        const Range &a = r[s.a], &b = r[s.b];
+        if (s.imm >= sem::ULT && (a.lo < 0 || b.lo < 0))
+          break;
+        out = ofTruth(compare<int64_t>(static_cast<int>(s.imm), a.lo, a.hi, b.lo, b.hi));
+        continue;
+      }
+      case Opcode::AndI:
+      case Opcode::OrI: {
+        if (s.width != 1)
+          break;
+        // i1 ranges lie in [-1, 0] (true is -1): and/or are monotone, so
+        // they apply to the endpoints.
+        const Range &a = r[s.a], &b = r[s.b];
+        out = s.op == Opcode::AndI ? Range{a.lo & b.lo, a.hi & b.hi}
+                                        : Range{a.lo | b.lo, a.hi | b.hi};
+        continue;
+      }
+      case Opcode::AddI:
+      case Opcode::SubI: {
+        const Range &a = r[s.a], &b = r[s.b];
+        int64_t lo, hi;
+        bool overflow = s.op == Opcode::AddI
+                            ? __builtin_add_overflow(a.lo, b.lo, &lo) | __builtin_add_overflow(a.hi, b.hi, &hi)
+                            : __builtin_sub_overflow(a.lo, b.hi, &lo) | __builtin_sub_overflow(a.hi, b.lo, &hi);
+        if (overflow || lo < minSigned(s.width) || hi > maxSigned(s.width))
+          break;
+        out = Range{lo, hi};
+        continue;
+      }
+      case Opcode::DivUI: {
+        const Range &a = r[s.a], &b = r[s.b];
+        if (a.lo < 0 || b.lo <= 0)
+          break;
+        if (b.lo == b.hi && (b.lo & (b.lo - 1)) == 0) { // a power of two: no divisions
+          int shift = __builtin_ctzll(static_cast<uint64_t>(b.lo));
+          out = Range{a.lo >> shift, a.hi >> shift};
+        } else {
+          out = Range{a.lo / b.hi, a.hi / b.lo};
+        }
+        continue;
+      }
+      default:
+        break;
+      }
+      if (s.floatResult)
+        floats[s.result] = floatStep(s);
+      else
+        out = integerStep(s);
+    }
+  }
+  AbstractValue result() const {
+    size_t n = static_cast<size_t>(program.result);
+    if (expr::isFloat(program.instructions[n].type))
+      return floats[n].exact ? AbstractValue::ofFloat(floats[n].f) : AbstractValue::anyFloat();
+    return AbstractValue::ofRange(ranges[n].lo, ranges[n].hi);
   }
 };
 
-AbstractValue IntervalEvaluator::Impl::readInteger(const Instruction &inst) {
+Range IntervalEvaluator::Impl::readInteger(const Instruction &inst) {
   const expr::CaptureValue &tensor = captures[inst.imm];
   const TensorSummary &summary = *summaries[inst.imm];
   const size_t rank = inst.operands.size();
-  Hull hull;
-  bool inRange = true;    // some index tuple is in range
-  bool outOfRange = false; // some index tuple is out of range
-  // In-range index ranges per dimension.
-  int64_t first[8], last[8];
-  std::vector<int64_t> firstHeap, lastHeap;
-  int64_t *lo = first, *hi = last;
-  if (rank > 8) {
-    firstHeap.resize(rank);
-    lastHeap.resize(rank);
-    lo = firstHeap.data();
-    hi = lastHeap.data();
-  }
+  int64_t min = std::numeric_limits<int64_t>::max(), max = std::numeric_limits<int64_t>::min();
+  auto add = [&](int64_t lo, int64_t hi) {
+    min = std::min(min, lo);
+    max = std::max(max, hi);
+  };
+  // The in-range part of each index range; is any tuple in or out of range?
+  constexpr size_t kInline = 8;
+  int64_t firstInline[kInline], lastInline[kInline], positionInline[kInline];
+  std::vector<int64_t> heap(rank > kInline ? 3 * rank : 0);
+  int64_t *first = rank > kInline ? heap.data() : firstInline;
+  int64_t *last = rank > kInline ? heap.data() + rank : lastInline;
+  int64_t *position = rank > kInline ? heap.data() + 2 * rank : positionInline;
+  bool inRange = true, outOfRange = false;
   for (size_t d = 0; d < rank; ++d) {
-    const AbstractValue &index = values[inst.operands[d]];
-    int64_t size = tensor.sizes[d];
-    if (index.lo < 0 || index.hi >= size)
-      outOfRange = true;
-    lo[d] = std::max<int64_t>(index.lo, 0);
-    hi[d] = std::min<int64_t>(index.hi, size - 1);
-    if (lo[d] > hi[d])
-      inRange = false;
+    const Range &index = ranges[inst.operands[d]];
+    const int64_t size = tensor.sizes[d];
+    outOfRange |= index.lo < 0 || index.hi >= size;
+    first[d] = std::max<int64_t>(index.lo, 0);
+    last[d] = std::min<int64_t>(index.hi, size - 1);
+    inRange &= first[d] <= last[d];
   }
-  if (outOfRange)
-    hull.addPoint(inst.hasPadding ? inst.paddingInt : 0);
+  if (outOfRange) {
+    int64_t padding = inst.hasPadding ? inst.paddingInt : 0;
+    add(padding, padding);
+  }
   if (!inRange)
-    return hull.value();
+    return Range{min, max};
   if (rank == 0) {
-    int64_t mn, mx;
-    summary.rowRange(0, 0, 0, mn, mx);
-    hull.add(mn, mx);
-    return hull.value();
+    int64_t lo, hi;
+    summary.rowRange(0, 0, 0, lo, hi);
+    add(lo, hi);
+    return Range{min, max};
   }
   // Rows: every combination of the leading indices, up to a limit.
   constexpr int64_t kMaxRows = 64;
   int64_t rows = 1;
   for (size_t d = 0; d + 1 < rank && rows <= kMaxRows; ++d)
-    rows *= hi[d] - lo[d] + 1;
+    rows *= last[d] - first[d] + 1;
   if (rows > kMaxRows) {
-    hull.add(summary.globalMin(), summary.globalMax());
-    return hull.value();
+    add(summary.globalMin(), summary.globalMax());
+    return Range{min, max};
   }
-  int64_t position[8] = {0};
-  std::vector<int64_t> positionHeap(rank > 8 ? rank : 0);
-  int64_t *pos = rank > 8 ? positionHeap.data() : position;
   for (size_t d = 0; d + 1 < rank; ++d)
-    pos[d] = lo[d];
+    position[d] = first[d];
   for (int64_t r = 0; r < rows; ++r) {
     int64_t row = 0;
     for (size_t d = 0; d + 1 < rank; ++d)
-      row = row * tensor.sizes[d] + pos[d];
-    int64_t mn, mx;
-    summary.rowRange(row, lo[rank - 1], hi[rank - 1], mn, mx);
-    hull.add(mn, mx);
+      row = row * tensor.sizes[d] + position[d];
+    int64_t lo, hi;
+    summary.rowRange(row, first[rank - 1], last[rank - 1], lo, hi);
+    add(lo, hi);
     for (size_t d = rank - 1; d-- > 0;) {
-      if (++pos[d] <= hi[d])
+      if (++position[d] <= last[d])
         break;
-      pos[d] = lo[d];
+      position[d] = first[d];
     }
   }
-  return hull.value();
+  return Range{min, max};
 }
 
-AbstractValue IntervalEvaluator::Impl::exactFloatInstruction(size_t n) {
-  const Instruction &inst = program.instructions[n];
-  const bool floatResult = expr::isFloat(inst.type);
-  auto unknown = [&]() {
-    return floatResult ? AbstractValue::anyFloat() : fullRange(expr::intWidth(inst.type));
+/// Tracks which varying instructions are the varying argument plus a fixed
+/// offset (through additions, subtractions and integer casts) and where
+/// their comparisons with fixed values flip.
+void IntervalEvaluator::Impl::findBreakpoints() {
+  breakpoints.clear();
+  const std::vector<Step> &order = affineOrder[varyingArgument];
+  const int argument = varyingArgument + (program.isScoreMod ? 1 : 0);
+  const uint8_t varyingBit = static_cast<uint8_t>(1u << varyingArgument);
+  auto isAffine = [&](int32_t n) { return (varyingIn[n] & varyingBit) && affine[n]; };
+  auto isFixedPoint = [&](int32_t n) {
+    return !(varyingIn[n] & varyingBit) && ranges[n].lo == ranges[n].hi;
   };
+  for (const Step &s : order) {
+    const int32_t n = s.result;
+    affine[n] = false;
+    switch (s.op) {
+    case Opcode::Argument:
+      affine[n] = s.imm == argument;
+      offsets[n] = 0;
+      break;
+    case Opcode::IndexCast: case Opcode::IndexCastUI: case Opcode::ExtSI: case Opcode::ExtUI:
+      affine[n] = isAffine(s.a);
+      offsets[n] = offsets[s.a];
+      break;
+    case Opcode::AddI:
+    case Opcode::SubI: {
+      int32_t fixed = isAffine(s.a) ? s.b : s.a;
+      int32_t moving = isAffine(s.a) ? s.a : s.b;
+      if (!isAffine(moving) || !isFixedPoint(fixed) || (s.op == Opcode::SubI && moving != s.a))
+        break;
+      affine[n] = true;
+      offsets[n] = s.op == Opcode::AddI ? offsets[moving] + ranges[fixed].lo
+                                        : offsets[moving] - ranges[fixed].lo;
+      break;
+    }
+    case Opcode::CmpI: {
+      bool left = isAffine(s.a);
+      int32_t fixed = left ? s.b : s.a, moving = left ? s.a : s.b;
+      if (!isAffine(moving) || !isFixedPoint(fixed))
+        break;
+      // (arg + o) PRED c flips at arg = c - o (lt, ge) or c - o + 1 (le, gt);
+      // with the operands swapped, le/ge and lt/gt trade places.
+      int64_t at = ranges[fixed].lo - offsets[moving];
+      int predicate = static_cast<int>(s.imm);
+      bool flipsLate = predicate == sem::SLE || predicate == sem::ULE ||
+                       predicate == sem::SGT || predicate == sem::UGT;
+      bool flipsEarly = predicate == sem::SLT || predicate == sem::ULT ||
+                        predicate == sem::SGE || predicate == sem::UGE;
+      if (!left)
+        std::swap(flipsLate, flipsEarly);
+      if (!flipsLate)
+        breakpoints.push_back(at);
+      if (!flipsEarly)
+        breakpoints.push_back(at + 1);
+      break;
+    }
+    default:
+      break;
+    }
+  }
+  std::sort(breakpoints.begin(), breakpoints.end());
+  breakpoints.erase(std::unique(breakpoints.begin(), breakpoints.end()), breakpoints.end());
+}
+
+void IntervalEvaluator::Impl::collectAffineOrders(int maskOffset) {
+  std::vector<bool> candidate(program.instructions.size());
+  for (int v = 0; v < 4; ++v) {
+    std::fill(candidate.begin(), candidate.end(), false);
+    const uint8_t bit = static_cast<uint8_t>(1u << v);
+    auto other = [&](int32_t n) { return !(varyingIn[n] & bit); };
+    std::vector<Step> steps;
+    bool anyComparison = false;
+    for (const Step &s : varyingOrder[v]) {
+      bool keep = false;
+      switch (s.op) {
+      case Opcode::Argument:
+        keep = s.imm == v + maskOffset;
+        break;
+      case Opcode::IndexCast: case Opcode::IndexCastUI: case Opcode::ExtSI: case Opcode::ExtUI:
+        keep = candidate[s.a];
+        break;
+      case Opcode::AddI:
+        keep = (candidate[s.a] && other(s.b)) || (candidate[s.b] && other(s.a));
+        break;
+      case Opcode::SubI:
+        keep = candidate[s.a] && other(s.b);
+        break;
+      case Opcode::CmpI:
+        keep = (candidate[s.a] && other(s.b)) || (candidate[s.b] && other(s.a));
+        anyComparison |= keep;
+        break;
+      default:
+        break;
+      }
+      if (!keep)
+        continue;
+      candidate[s.result] = s.op != Opcode::CmpI;
+      steps.push_back(s);
+    }
+    if (anyComparison)
+      affineOrder[v] = std::move(steps);
+  }
+}
+
+/// Evaluates instruction `n` through the interpreter when its operands are
+/// exact and it is computed the same way on every platform.
+bool IntervalEvaluator::Impl::evaluateExactly(size_t n, expr::Value &out) {
+  const Instruction &inst = program.instructions[n];
   if (isInexactMath(inst.op))
-    return unknown();
+    return false;
   expr::Program &single = singles[singleIndex[n]];
   for (size_t k = 0; k < inst.operands.size(); ++k) {
-    const Instruction &operand = program.instructions[inst.operands[k]];
-    const AbstractValue &v = values[inst.operands[k]];
+    const int32_t operand = inst.operands[k];
     Instruction &constant = single.instructions[k];
-    if (expr::isFloat(operand.type)) {
-      if (!v.exact)
-        return unknown();
-      constant.fimm = v.f;
+    if (expr::isFloat(program.instructions[operand].type)) {
+      if (!floats[operand].exact)
+        return false;
+      constant.fimm = floats[operand].f;
     } else {
-      if (v.lo != v.hi)
-        return unknown();
-      constant.imm = v.lo;
+      if (ranges[operand].lo != ranges[operand].hi)
+        return false;
+      constant.imm = ranges[operand].lo;
     }
   }
-  expr::Value result = expr::evaluate(single, nullptr, captures, scratch);
-  return floatResult ? AbstractValue::ofFloat(result.f) : point(result.i);
+  out = expr::evaluate(single, nullptr, captures, scratch);
+  return true;
 }
 
-AbstractValue IntervalEvaluator::Impl::step(size_t n) {
+FloatValue IntervalEvaluator::Impl::floatStep(const Step &s) {
+  const size_t n = static_cast<size_t>(s.result);
   const Instruction &inst = program.instructions[n];
-  const int w = expr::intWidth(inst.type);
-  auto A = [&](int k) -> const AbstractValue & { return values[inst.operands[k]]; };
-  switch (inst.op) {
+  switch (s.op) {
   case Opcode::Argument:
-    return leading[inst.imm];
-  case Opcode::Capture: {
-    expr::Value v = captures[inst.imm].scalar;
-    return expr::isFloat(inst.type) ? AbstractValue::ofFloat(v.f) : point(v.i);
-  }
+    return score;
+  case Opcode::Capture:
+    return FloatValue{captures[inst.imm].scalar.f, true};
   case Opcode::Constant:
-    return expr::isFloat(inst.type) ? AbstractValue::ofFloat(inst.fimm) : point(inst.imm);
+    return FloatValue{inst.fimm, true};
+  case Opcode::Select: {
+    Truth condition = ranges[s.a].truth();
+    const FloatValue &x = floats[s.b], &y = floats[s.c];
+    if (condition == Truth::True)
+      return x;
+    if (condition == Truth::False)
+      return y;
+    bool same = x.exact && y.exact && sem::floatBits(x.f) == sem::floatBits(y.f);
+    return same ? x : FloatValue{};
+  }
+  default: {
+    expr::Value v;
+    return evaluateExactly(n, v) ? FloatValue{v.f, true} : FloatValue{};
+  }
+  }
+}
+
+Range IntervalEvaluator::Impl::integerStep(const Step &s) {
+  const int w = s.width;
+  auto A = [&](int k) -> const Range & { return ranges[k == 0 ? s.a : k == 1 ? s.b : s.c]; };
+  switch (s.op) {
+  case Opcode::Argument:
+    return leadingRanges[s.imm];
+  case Opcode::Capture:
+    return point(captures[s.imm].scalar.i);
+  case Opcode::Constant:
+    return point(s.imm);
   case Opcode::Dim:
-    return point(captures[inst.imm].sizes[inst.imm2]);
+    return point(captures[s.imm].sizes[s.operandWidth]);
   case Opcode::Read:
-    if (expr::isFloat(inst.type))
-      return exactFloatInstruction(n);
-    return readInteger(inst);
+    return readInteger(program.instructions[s.result]);
   case Opcode::Select: {
     Truth condition = A(0).truth();
     if (condition == Truth::True)
       return A(1);
     if (condition == Truth::False)
       return A(2);
-    const AbstractValue &x = A(1), &y = A(2);
-    if (expr::isFloat(inst.type))
-      return x.exact && y.exact && sem::floatBits(x.f) == sem::floatBits(y.f)
-                 ? x
-                 : AbstractValue::anyFloat();
-    return AbstractValue::ofRange(std::min(x.lo, y.lo), std::max(x.hi, y.hi));
+    return ofRange(std::min(A(1).lo, A(2).lo), std::max(A(1).hi, A(2).hi));
   }
   case Opcode::AddI:
     return wrapRange(static_cast<i128>(A(0).lo) + A(1).lo, static_cast<i128>(A(0).hi) + A(1).hi, w);
   case Opcode::SubI:
     return wrapRange(static_cast<i128>(A(0).lo) - A(1).hi, static_cast<i128>(A(0).hi) - A(1).lo, w);
   case Opcode::MulI: {
-    const AbstractValue &a = A(0), &b = A(1);
+    const Range &a = A(0), &b = A(1);
     i128 c[4] = {static_cast<i128>(a.lo) * b.lo, static_cast<i128>(a.lo) * b.hi,
                  static_cast<i128>(a.hi) * b.lo, static_cast<i128>(a.hi) * b.hi};
     return wrapRange(*std::min_element(c, c + 4), *std::max_element(c, c + 4), w);
@@ -670,9 +892,9 @@ AbstractValue IntervalEvaluator::Impl::step(size_t n) {
   case Opcode::RemUI:
     return unsignedDivision(A(0), A(1), w, UnsignedDivision::Remainder);
   case Opcode::MaxSI:
-    return AbstractValue::ofRange(std::max(A(0).lo, A(1).lo), std::max(A(0).hi, A(1).hi));
+    return ofRange(std::max(A(0).lo, A(1).lo), std::max(A(0).hi, A(1).hi));
   case Opcode::MinSI:
-    return AbstractValue::ofRange(std::min(A(0).lo, A(1).lo), std::min(A(0).hi, A(1).hi));
+    return ofRange(std::min(A(0).lo, A(1).lo), std::min(A(0).hi, A(1).hi));
   case Opcode::MaxUI:
     return unsignedMinMax(A(0), A(1), w, true);
   case Opcode::MinUI:
@@ -680,13 +902,13 @@ AbstractValue IntervalEvaluator::Impl::step(size_t n) {
   case Opcode::AndI:
   case Opcode::OrI:
   case Opcode::XOrI:
-    return bitwise(inst.op, A(0), A(1), w);
+    return bitwise(s.op, A(0), A(1), w);
   case Opcode::ShLI:
   case Opcode::ShRSI:
   case Opcode::ShRUI:
-    return shift(inst.op, A(0), A(1), w);
+    return shift(s.op, A(0), A(1), w);
   case Opcode::AbsI: {
-    const AbstractValue &a = A(0);
+    const Range &a = A(0);
     if (a.lo >= 0)
       return a;
     if (a.hi <= 0)
@@ -694,12 +916,7 @@ AbstractValue IntervalEvaluator::Impl::step(size_t n) {
     return wrapRange(0, std::max(-static_cast<i128>(a.lo), static_cast<i128>(a.hi)), w);
   }
   case Opcode::CmpI:
-    return ofTruth(compareIntegers(static_cast<int>(inst.imm), A(0), A(1),
-                                   static_cast<int>(inst.imm2)));
-  case Opcode::CmpF:
-    if (inst.imm == sem::AlwaysFalse || inst.imm == sem::AlwaysTrue)
-      return ofTruth(inst.imm == sem::AlwaysTrue ? Truth::True : Truth::False);
-    return exactFloatInstruction(n);
+    return ofTruth(compareIntegers(static_cast<int>(s.imm), A(0), A(1), s.operandWidth));
   case Opcode::ExtSI:
   case Opcode::IndexCast:
   case Opcode::TruncI:
@@ -707,14 +924,20 @@ AbstractValue IntervalEvaluator::Impl::step(size_t n) {
   case Opcode::ExtUI:
   case Opcode::IndexCastUI: {
     UnsignedRange pieces[2];
-    int count = toUnsigned(A(0), static_cast<int>(inst.imm2), pieces);
+    int count = toUnsigned(A(0), s.operandWidth, pieces);
     Hull hull;
     for (int i = 0; i < count; ++i)
       hull.add(wrapRange(static_cast<i128>(pieces[i].lo), static_cast<i128>(pieces[i].hi), w));
     return hull.value();
   }
-  default: // float arithmetic, conversions from and to floats
-    return exactFloatInstruction(n);
+  case Opcode::CmpF:
+    if (s.imm == sem::AlwaysFalse || s.imm == sem::AlwaysTrue)
+      return ofTruth(s.imm == sem::AlwaysTrue ? Truth::True : Truth::False);
+    [[fallthrough]];
+  default: { // comparisons of and conversions from floats
+    expr::Value v;
+    return evaluateExactly(static_cast<size_t>(s.result), v) ? point(v.i) : fullRange(w);
+  }
   }
 }
 
@@ -764,7 +987,11 @@ EvaluatorResult IntervalEvaluator::create(const expr::Program &program,
   impl->deps = computeDependencies(program);
   const auto &insts = impl->program.instructions;
   const size_t count = insts.size();
-  impl->values.assign(count, AbstractValue{});
+  impl->ranges.assign(count, Range{0, 0});
+  impl->offsets.assign(count, 0);
+  impl->affine.assign(count, false);
+  impl->varyingIn.assign(count, 0);
+  impl->floats.assign(count, FloatValue{});
 
   // Liveness and, per live instruction, the leading arguments it depends on.
   std::vector<bool> live(count, false);
@@ -785,7 +1012,7 @@ EvaluatorResult IntervalEvaluator::create(const expr::Program &program,
 
   impl->singleIndex.assign(count, -1);
   impl->summaries.resize(captures.size());
-  std::vector<int32_t> constantOrder;
+  std::vector<Step> constantOrder;
   for (size_t n = 0; n < count; ++n) {
     if (!live[n])
       continue;
@@ -811,21 +1038,33 @@ EvaluatorResult IntervalEvaluator::create(const expr::Program &program,
       impl->singleIndex[n] = static_cast<int32_t>(impl->singles.size());
       impl->singles.push_back(std::move(single));
     }
+    Step step;
+    step.op = inst.op;
+    step.width = static_cast<uint8_t>(expr::intWidth(inst.type));
+    step.operandWidth = static_cast<uint8_t>(inst.imm2);
+    step.floatResult = expr::isFloat(inst.type);
+    step.result = static_cast<int32_t>(n);
+    const size_t operands = inst.operands.size();
+    step.a = operands > 0 ? inst.operands[0] : -1;
+    step.b = operands > 1 ? inst.operands[1] : -1;
+    step.c = operands > 2 ? inst.operands[2] : -1;
+    step.imm = inst.imm;
     uint32_t arguments = argumentsOf[n];
     if (arguments == 0) {
-      constantOrder.push_back(static_cast<int32_t>(n));
+      constantOrder.push_back(step);
       continue;
     }
-    impl->dependentOrder.push_back(static_cast<int32_t>(n));
+    impl->dependentOrder.push_back(step);
     for (int v = 0; v < 4; ++v) {
-      if (arguments & (1u << (v + maskOffset)))
-        impl->varyingOrder[v].push_back(static_cast<int32_t>(n));
+      if (arguments & (1u << (v + maskOffset))) {
+        impl->varyingOrder[v].push_back(step);
+        impl->varyingIn[n] |= static_cast<uint8_t>(1u << v);
+      }
       else
-        impl->fixedOrder[v].push_back(static_cast<int32_t>(n));
+        impl->fixedOrder[v].push_back(step);
     }
   }
-  if (program.isScoreMod)
-    impl->leading[0] = AbstractValue::anyFloat();
+  impl->collectAffineOrders(maskOffset);
   impl->run(constantOrder);
   result.evaluator.reset(new IntervalEvaluator(std::move(impl)));
   return result;
@@ -840,42 +1079,58 @@ bool IntervalEvaluator::dependsOn(MaskArgument argument) const {
 }
 
 AbstractValue IntervalEvaluator::evaluate(const AbstractValue *leading) {
-  std::copy(leading, leading + impl->program.numLeadingArguments(), impl->leading);
+  for (unsigned k = 0; k < impl->program.numLeadingArguments(); ++k) {
+    if (impl->program.isScoreMod && k == 0)
+      impl->score = FloatValue{leading[k].f, leading[k].exact};
+    else
+      impl->leadingRanges[k] = Range{leading[k].lo, leading[k].hi};
+  }
   impl->run(impl->dependentOrder);
   impl->varyingArgument = -1;
-  return impl->values[impl->program.result];
+  return impl->result();
 }
 
 namespace {
-AbstractValue ofRange(IntRange r) { return AbstractValue::ofRange(r.lo, r.hi); }
+/// Sets the mask arguments (after a score_mod's score, which is unknown).
+void setMaskArguments(Range *leading, bool isScoreMod, const Box &box) {
+  Range *args = leading + (isScoreMod ? 1 : 0);
+  args[0] = Range{box.b.lo, box.b.hi};
+  args[1] = Range{box.h.lo, box.h.hi};
+  args[2] = Range{box.q.lo, box.q.hi};
+  args[3] = Range{box.kv.lo, box.kv.hi};
+}
 } // namespace
 
 Truth IntervalEvaluator::evaluateMask(const Box &box) {
-  AbstractValue leading[5] = {ofRange(box.b), ofRange(box.h), ofRange(box.q), ofRange(box.kv)};
-  if (impl->program.isScoreMod) {
-    std::copy(leading, leading + 4, leading + 1);
-    leading[0] = AbstractValue::anyFloat();
-  }
-  return evaluate(leading).truth();
+  setMaskArguments(impl->leadingRanges, impl->program.isScoreMod, box);
+  impl->score = FloatValue{};
+  impl->run(impl->dependentOrder);
+  impl->varyingArgument = -1;
+  return impl->result().truth();
 }
 
 void IntervalEvaluator::fix(const Box &box, MaskArgument varying) {
-  const int offset = impl->program.isScoreMod ? 1 : 0;
-  impl->leading[offset + 0] = ofRange(box.b);
-  impl->leading[offset + 1] = ofRange(box.h);
-  impl->leading[offset + 2] = ofRange(box.q);
-  impl->leading[offset + 3] = ofRange(box.kv);
+  setMaskArguments(impl->leadingRanges, impl->program.isScoreMod, box);
+  impl->score = FloatValue{};
   impl->varyingArgument = static_cast<int>(varying);
   impl->run(impl->fixedOrder[impl->varyingArgument]);
+  impl->findBreakpoints();
 }
+
+const std::vector<int64_t> &IntervalEvaluator::breakpoints() const { return impl->breakpoints; }
 
 Truth IntervalEvaluator::evaluateVarying(IntRange range) {
   const int v = impl->varyingArgument;
   if (v < 0)
     return Truth::Both; // fix() was not called: nothing is known
-  impl->leading[v + (impl->program.isScoreMod ? 1 : 0)] = ofRange(range);
+  // Field by field: a 16-byte copy through the stack would stall store
+  // forwarding when the first step reads it back.
+  Range &argument = impl->leadingRanges[v + (impl->program.isScoreMod ? 1 : 0)];
+  argument.lo = range.lo;
+  argument.hi = range.hi;
   impl->run(impl->varyingOrder[v]);
-  return impl->values[impl->program.result].truth();
+  const Range &result = impl->ranges[impl->program.result];
+  return result.truth();
 }
 
 } // namespace dflex::analysis

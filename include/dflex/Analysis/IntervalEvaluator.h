@@ -118,6 +118,12 @@ public:
   /// evaluates the rest for one range of `varying`.
   void fix(const Box &box, MaskArgument varying);
   Truth evaluateVarying(IntRange range);
+  /// After fix(): sorted points p of the varying argument where some
+  /// comparison of it (plus fixed offsets) with a fixed value changes outcome
+  /// between p - 1 and p. Ranges split there evaluate more precisely (the
+  /// analysis does not relate values, so `kv < n` and `kv - n` over a range
+  /// across n are judged independently).
+  const std::vector<int64_t> &breakpoints() const;
 
 private:
   struct Impl;
