@@ -1,0 +1,66 @@
+// dflex attention for LibTorch: a dflex.attention spec of a kernel bundle,
+// run on CUDA tensors by the bundle's kernels and on CPU tensors by a float64
+// reference with the same semantics (docs/runtime-attention.md).
+//
+// Shapes: q [B, Tq, Hq, D], k and v [B, Tkv, Hkv, D] (head_dim contiguous;
+// other strides free), o [B, Tq, Hq, D], lse [B, Hq, Tq] (natural log).
+// Captures are given in the spec's capture order (captureNames()): a tensor
+// of the declared element type and rank for a tensor capture, a 0-dim (or
+// one-element) tensor for a scalar capture. They may live on the CPU or on
+// the device of q; the mask's captures are read on the host to build the
+// tile lists (device captures are copied to the host once per call).
+// A query that sees no key gets o = 0, lse = -inf and zero gradients.
+#pragma once
+
+#include "dflex/Analysis/TileList.h"
+#include "dflex/runtime/KernelBundle.h"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace dflex::runtime {
+
+struct AttentionOutputs {
+  torch::Tensor out;       // [B, Tq, Hq, Dv], the dtype of q
+  torch::Tensor logSumExp; // [B, Hq, Tq]: float32 (float64 for float64 inputs)
+};
+
+struct AttentionGrads {
+  torch::Tensor q, k, v;
+};
+
+/// Forward pass without autograd. CUDA: q, k, v of the spec's element type.
+/// CPU: any floating dtype, computed in float64.
+AttentionOutputs attentionForward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
+                                  const torch::Tensor &q, const torch::Tensor &k,
+                                  const torch::Tensor &v,
+                                  const std::vector<torch::Tensor> &captures);
+
+/// Backward pass from the forward's o and lse and the gradient of o.
+AttentionGrads attentionBackward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
+                                 const torch::Tensor &q, const torch::Tensor &k,
+                                 const torch::Tensor &v, const torch::Tensor &out,
+                                 const torch::Tensor &logSumExp, const torch::Tensor &gradOut,
+                                 const std::vector<torch::Tensor> &captures);
+
+/// Forward with autograd: gradients flow to q, k and v through o (lse is not
+/// differentiable).
+AttentionOutputs attention(const std::string &bundleDirectory, const std::string &specName,
+                           const torch::Tensor &q, const torch::Tensor &k,
+                           const torch::Tensor &v, const std::vector<torch::Tensor> &captures);
+
+/// The mask as a dense [B, Hq, Tq, Tkv] bool CPU tensor, from the program
+/// evaluator (for tests and debugging).
+torch::Tensor attentionMask(const AttentionKernelSpec &spec,
+                            const std::vector<torch::Tensor> &captures, int64_t batch,
+                            int64_t queryLength, int64_t keyLength);
+
+/// The tile list the CUDA path builds for one pass (for tests).
+analysis::TileList attentionTileList(const AttentionKernelSpec &spec,
+                                     const std::vector<torch::Tensor> &captures,
+                                     analysis::TileListKind kind, int64_t batch,
+                                     int64_t queryLength, int64_t keyLength);
+
+} // namespace dflex::runtime

@@ -1,0 +1,104 @@
+// Kernel bundles written by dflex-compile: manifest.json, the generated CUDA
+// source, and PTX + cubin per arch (docs/runtime-attention.md).
+//
+// Opening a bundle parses and checks the whole manifest and verifies every
+// file it lists against its sha256, so a damaged or mismatched bundle fails
+// at once with an error naming the file. Binaries are read again (and
+// re-verified) only when a device needs them.
+#pragma once
+
+#include "dflex/Codegen/Attention.h"
+#include "dflex/Codegen/Variant.h"
+#include "dflex/Expr/Program.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dflex::runtime {
+
+/// The launch constants of one pass, read back from the compiled module.
+struct AttentionLaunch {
+  int64_t threads = 0;          // per block of the main kernel
+  int64_t sharedBytes = 0;      // dynamic shared memory of the main kernel
+  int64_t blockM = 0;           // query tile
+  int64_t blockN = 0;           // key tile
+  int64_t rowKernelThreads = 0; // backward only: preprocess and dQ kernels
+};
+
+/// One __global__ function of a module.
+struct BundleKernel {
+  std::string role;           // "attention_forward", ...
+  std::string nameExpression; // what NVRTC lowers
+  std::map<std::string, std::string> loweredNames; // arch -> mangled name
+};
+
+/// The files of one arch. The cubin is absent for compute_XX archs.
+struct BundleBinary {
+  std::string arch;
+  std::string ptxFile, ptxSha256;
+  std::string cubinFile, cubinSha256;
+};
+
+/// A dflex.attention spec (its compile-time attributes) and everything
+/// needed to run it.
+struct AttentionKernelSpec : codegen::AttentionSpec {
+  expr::Program mask;
+  std::optional<expr::Program> scoreMod; // carries its derivative
+  /// Capture slots of the kernels' variant: the order of the op's capture
+  /// list.
+  codegen::VariantLayout layout;
+  AttentionLaunch forward, backward;
+  std::vector<BundleKernel> kernels;
+  std::map<std::string, BundleBinary> binaries; // arch -> files
+  std::string sourceFile, sourceSha256;
+
+  const BundleKernel &kernel(const std::string &role) const;
+  std::vector<std::string> captureNames() const;
+};
+
+/// A loadable image of a spec's kernels for one arch.
+struct KernelImage {
+  std::string image;                               // cubin bytes
+  std::string label;                               // where it came from, for errors
+  std::map<std::string, std::string> loweredNames; // role -> mangled name
+  bool compiled = false;                           // compiled from source at run time
+};
+
+class KernelBundle : public std::enable_shared_from_this<KernelBundle> {
+public:
+  /// Parses `directory`/manifest.json and verifies the files it lists.
+  /// Throws IoError (a file cannot be read) or FormatError (bad manifest,
+  /// sha256 mismatch, unsupported version), naming the file.
+  static std::shared_ptr<const KernelBundle> open(const std::string &directory);
+
+  /// open() through a process-wide cache keyed by the directory and the
+  /// manifest's inode, size and modification time, so a bundle rewritten or
+  /// replaced in place is opened again.
+  static std::shared_ptr<const KernelBundle> openCached(const std::string &directory);
+
+  const std::string &directory() const { return directory_; }
+  /// The attention spec `name`; throws FormatError listing the specs there.
+  const AttentionKernelSpec &attention(const std::string &name) const;
+  const std::vector<AttentionKernelSpec> &attentionSpecs() const { return attention_; }
+
+  /// The kernels of `spec` for `arch` ("sm_90"): the bundle's cubin for the
+  /// arch or its arch-specific variant ("sm_90a"), else the bundle's source
+  /// compiled for the arch by NVRTC through the kernel cache
+  /// ($DFLEX_CACHE_DIR, else ~/.cache/dflex), with the request dflex-compile
+  /// makes. Throws FormatError when that fails.
+  KernelImage kernelImage(const AttentionKernelSpec &spec, const std::string &arch) const;
+
+  /// Contents of a bundle file, checked against `sha256`.
+  std::string readVerified(const std::string &file, const std::string &sha256) const;
+  std::string path(const std::string &file) const;
+
+private:
+  std::string directory_;
+  std::vector<AttentionKernelSpec> attention_;
+};
+
+} // namespace dflex::runtime

@@ -1,0 +1,271 @@
+// The CUDA path of the attention op: the bundle's kernels, loaded once per
+// (bundle, spec, device) through the Driver API and launched on LibTorch's
+// current stream with the parameter structs of kernels/attention/params.cuh.
+#include "AttentionInternal.h"
+
+#include "dflex/runtime/CudaDriver.h"
+#include "dflex/runtime/Error.h"
+
+// params.cuh is shared with the device code; the CUDA headers supply the
+// __host__ / __device__ qualifiers it uses.
+#include <cuda_runtime_api.h>
+
+#include "attention/params.cuh"
+
+#include <c10/cuda/CUDAStream.h>
+
+#include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+namespace dflex::runtime::detail {
+
+namespace {
+
+namespace kernels = ::dflex::kernels;
+
+/// The four kernels of one spec, loaded on one device.
+struct LoadedAttention {
+  std::unique_ptr<CudaModule> module;
+  CUfunction forward = nullptr;
+  CUfunction backwardPreprocess = nullptr;
+  CUfunction backward = nullptr;
+  CUfunction backwardGradQ = nullptr;
+};
+
+std::unique_ptr<LoadedAttention> loadAttention(const KernelBundle &bundle,
+                                               const AttentionKernelSpec &spec, int ordinal) {
+  const CudaDriver &driver = CudaDriver::instance();
+  const CudaDriverApi &api = driver.api();
+  const CudaDeviceInfo device = queryDevice(driver, ordinal);
+  const std::string arch =
+      "sm_" + std::to_string(device.computeMajor * 10 + device.computeMinor);
+  const int64_t shared = std::max(spec.forward.sharedBytes, spec.backward.sharedBytes);
+  if (shared > device.maxSharedMemoryPerBlockOptin)
+    throw CudaError("dflex attention '" + spec.name + "' needs " + std::to_string(shared) +
+                    " B of shared memory per block; " + device.name + " (" + arch +
+                    ") allows " + std::to_string(device.maxSharedMemoryPerBlockOptin));
+
+  const KernelImage image = bundle.kernelImage(spec, arch);
+  auto loaded = std::make_unique<LoadedAttention>();
+  loaded->module = std::make_unique<CudaModule>(driver, ordinal, image.image, image.label);
+  loaded->forward = loaded->module->function(image.loweredNames.at("attention_forward"));
+  loaded->backwardPreprocess =
+      loaded->module->function(image.loweredNames.at("attention_backward_preprocess"));
+  loaded->backward = loaded->module->function(image.loweredNames.at("attention_backward"));
+  loaded->backwardGradQ =
+      loaded->module->function(image.loweredNames.at("attention_backward_grad_q"));
+
+  CudaPrimaryContextGuard context(driver, ordinal);
+  auto configure = [&](CUfunction function, int64_t threads, int64_t sharedBytes,
+                       const char *role) {
+    int maxThreads = 0;
+    driver.check(api.cuFuncGetAttribute(&maxThreads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                                        function),
+                 "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
+    if (maxThreads < threads)
+      throw CudaError(image.label + ": kernel " + role + " takes at most " +
+                      std::to_string(maxThreads) + " threads per block, the manifest says " +
+                      std::to_string(threads));
+    if (sharedBytes > 0)
+      driver.check(api.cuFuncSetAttribute(function,
+                                          CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          static_cast<int>(sharedBytes)),
+                   "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+  };
+  configure(loaded->forward, spec.forward.threads, spec.forward.sharedBytes, "attention_forward");
+  configure(loaded->backward, spec.backward.threads, spec.backward.sharedBytes,
+            "attention_backward");
+  configure(loaded->backwardPreprocess, spec.backward.rowKernelThreads, 0,
+            "attention_backward_preprocess");
+  configure(loaded->backwardGradQ, spec.backward.rowKernelThreads, 0,
+            "attention_backward_grad_q");
+  return loaded;
+}
+
+/// Loaded kernels for the life of the process (modules are never unloaded:
+/// the registry is deliberately leaked, so nothing calls the driver during
+/// static destruction). Holds the bundles, so a key's address is never
+/// reused.
+const LoadedAttention &loadedAttention(const KernelBundle &bundle,
+                                       const AttentionKernelSpec &spec, int ordinal) {
+  struct Registry {
+    std::mutex mutex;
+    std::map<std::tuple<const AttentionKernelSpec *, int>, std::unique_ptr<LoadedAttention>>
+        loaded;
+    std::vector<std::shared_ptr<const KernelBundle>> bundles;
+  };
+  static Registry *registry = new Registry();
+  std::lock_guard<std::mutex> lock(registry->mutex);
+  std::unique_ptr<LoadedAttention> &slot = registry->loaded[{&spec, ordinal}];
+  if (!slot) {
+    slot = loadAttention(bundle, spec, ordinal);
+    registry->bundles.push_back(bundle.shared_from_this());
+  }
+  return *slot;
+}
+
+/// q, k, v, o, dO as the kernels read them: head_dim contiguous, strides
+/// multiples of 8 elements, 16-byte aligned; otherwise a contiguous copy.
+torch::Tensor kernelLayout(const torch::Tensor &t) {
+  bool usable = t.stride(3) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int d = 0; d < 3; ++d)
+    usable = usable && (t.size(d) == 1 || t.stride(d) % 8 == 0);
+  return usable ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+kernels::TensorStrides stridesOf(const torch::Tensor &t) {
+  // A dimension of size 1 is never stepped along: its stride is irrelevant.
+  auto stride = [&](int d) { return t.size(d) == 1 ? 0LL : static_cast<long long>(t.stride(d)); };
+  return {stride(0), stride(1), stride(2)};
+}
+
+kernels::AttentionShape shapeOf(const AttentionKernelSpec &spec, const AttentionProblem &p) {
+  return {static_cast<int>(p.batch),       static_cast<int>(p.qHeads),
+          static_cast<int>(p.kvHeads),     static_cast<int>(p.queryLength),
+          static_cast<int>(p.keyLength),   spec.scale};
+}
+
+kernels::TileList tileView(const DeviceTileList &tiles) {
+  const int32_t *data = tiles.storage.data_ptr<int32_t>();
+  const int64_t rows = tiles.batches * tiles.heads * tiles.rowTiles;
+  return {data, data + rows + 1, static_cast<int>(tiles.batches), static_cast<int>(tiles.heads),
+          static_cast<int>(tiles.rowTiles)};
+}
+
+unsigned ceilDiv(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+CUstream currentStream(const torch::Tensor &t) {
+  // cudaStream_t and CUstream are the same handle type.
+  return reinterpret_cast<CUstream>(c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
+}
+
+void checkTiles(const DeviceTileList &tiles, const AttentionProblem &p, int64_t rowTiles,
+                const char *pass) {
+  if (!tiles.storage.defined() || !tiles.storage.is_cuda() ||
+      tiles.storage.scalar_type() != torch::kInt || tiles.rowTiles != rowTiles ||
+      (tiles.batches != 1 && tiles.batches != p.batch) ||
+      (tiles.heads != 1 && tiles.heads != p.qHeads) ||
+      tiles.storage.numel() < tiles.batches * tiles.heads * tiles.rowTiles + 2)
+    throw FormatError(std::string("dflex attention: the ") + pass +
+                      " tile list does not fit the problem");
+}
+
+} // namespace
+
+AttentionOutputs cudaForward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
+                             const AttentionProblem &p, const torch::Tensor &q,
+                             const torch::Tensor &k, const torch::Tensor &v,
+                             const BoundCaptures &captures, const DeviceTileList &tiles) {
+  AttentionOutputs outputs;
+  outputs.out = torch::empty({p.batch, p.queryLength, p.qHeads, p.vHeadDim}, q.options());
+  outputs.logSumExp =
+      torch::empty({p.batch, p.qHeads, p.queryLength}, q.options().dtype(torch::kFloat));
+  if (p.batch == 0 || p.queryLength == 0)
+    return outputs;
+  if (p.keyLength == 0) {
+    outputs.out.zero_();
+    outputs.logSumExp.fill_(-std::numeric_limits<float>::infinity());
+    return outputs;
+  }
+  const AttentionLaunch &launch = spec.forward;
+  checkTiles(tiles, p, ceilDiv(p.queryLength, launch.blockM), "forward");
+  const LoadedAttention &loaded = loadedAttention(bundle, spec, q.device().index());
+  const torch::Tensor qv = kernelLayout(q), kv = kernelLayout(k), vv = kernelLayout(v);
+
+  kernels::AttentionForwardParams params{};
+  params.q = qv.data_ptr();
+  params.k = kv.data_ptr();
+  params.v = vv.data_ptr();
+  params.o = outputs.out.data_ptr();
+  params.lse = outputs.logSumExp.data_ptr<float>();
+  params.q_strides = stridesOf(qv);
+  params.k_strides = stridesOf(kv);
+  params.v_strides = stridesOf(vv);
+  params.o_strides = stridesOf(outputs.out);
+  params.shape = shapeOf(spec, p);
+  params.tiles = tileView(tiles);
+  std::vector<uint8_t> variant = captures.packDevice(spec);
+  void *arguments[] = {&params, variant.data()};
+  loaded.module->launch(loaded.forward,
+                        {ceilDiv(p.queryLength, launch.blockM), static_cast<unsigned>(p.qHeads),
+                         static_cast<unsigned>(p.batch)},
+                        {static_cast<unsigned>(launch.threads), 1, 1},
+                        static_cast<unsigned>(launch.sharedBytes), currentStream(q), arguments);
+  return outputs;
+}
+
+AttentionGrads cudaBackward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
+                            const AttentionProblem &p, const torch::Tensor &q,
+                            const torch::Tensor &k, const torch::Tensor &v,
+                            const torch::Tensor &out, const torch::Tensor &logSumExp,
+                            const torch::Tensor &gradOut, const BoundCaptures &captures,
+                            const DeviceTileList &tiles) {
+  AttentionGrads grads;
+  grads.q = torch::empty({p.batch, p.queryLength, p.qHeads, p.qkHeadDim}, q.options());
+  grads.k = torch::empty({p.batch, p.keyLength, p.kvHeads, p.qkHeadDim}, k.options());
+  grads.v = torch::empty({p.batch, p.keyLength, p.kvHeads, p.vHeadDim}, v.options());
+  if (p.batch == 0)
+    return grads;
+  if (p.queryLength == 0 || p.keyLength == 0) {
+    grads.q.zero_();
+    grads.k.zero_();
+    grads.v.zero_();
+    return grads;
+  }
+  const AttentionLaunch &launch = spec.backward;
+  checkTiles(tiles, p, ceilDiv(p.keyLength, launch.blockN), "backward");
+  const LoadedAttention &loaded = loadedAttention(bundle, spec, q.device().index());
+  const torch::Tensor qv = kernelLayout(q), kv = kernelLayout(k), vv = kernelLayout(v);
+  const torch::Tensor ov = kernelLayout(out), dov = kernelLayout(gradOut);
+  const torch::Tensor lse = logSumExp.contiguous();
+  torch::Tensor gradQAccum = torch::empty({p.batch, p.qHeads, p.queryLength, p.qkHeadDim},
+                                          q.options().dtype(torch::kFloat));
+  torch::Tensor delta =
+      torch::empty({p.batch, p.qHeads, p.queryLength}, q.options().dtype(torch::kFloat));
+
+  kernels::AttentionBackwardParams params{};
+  params.q = qv.data_ptr();
+  params.k = kv.data_ptr();
+  params.v = vv.data_ptr();
+  params.o = ov.data_ptr();
+  params.grad_o = dov.data_ptr();
+  params.lse = lse.data_ptr<float>();
+  params.grad_q = grads.q.data_ptr();
+  params.grad_k = grads.k.data_ptr();
+  params.grad_v = grads.v.data_ptr();
+  params.grad_q_accum = gradQAccum.data_ptr<float>();
+  params.delta = delta.data_ptr<float>();
+  params.q_strides = stridesOf(qv);
+  params.k_strides = stridesOf(kv);
+  params.v_strides = stridesOf(vv);
+  params.o_strides = stridesOf(ov);
+  params.grad_o_strides = stridesOf(dov);
+  params.grad_q_strides = stridesOf(grads.q);
+  params.grad_k_strides = stridesOf(grads.k);
+  params.grad_v_strides = stridesOf(grads.v);
+  params.shape = shapeOf(spec, p);
+  params.tiles = tileView(tiles);
+  std::vector<uint8_t> variant = captures.packDevice(spec);
+
+  const CUstream stream = currentStream(q);
+  const int64_t warpsPerBlock = launch.rowKernelThreads / 32;
+  if (p.batch * p.qHeads * p.queryLength / warpsPerBlock >= std::numeric_limits<int32_t>::max())
+    throw FormatError("dflex attention '" + spec.name + "': batch x heads x queries " +
+                      "exceeds the backward row kernels' grid");
+  const LaunchExtent rowGrid{ceilDiv(p.batch * p.qHeads * p.queryLength, warpsPerBlock), 1, 1};
+  const LaunchExtent rowBlock{static_cast<unsigned>(launch.rowKernelThreads), 1, 1};
+  void *rowArguments[] = {&params};
+  void *arguments[] = {&params, variant.data()};
+  loaded.module->launch(loaded.backwardPreprocess, rowGrid, rowBlock, 0, stream, rowArguments);
+  loaded.module->launch(loaded.backward,
+                        {ceilDiv(p.keyLength, launch.blockN), static_cast<unsigned>(p.kvHeads),
+                         static_cast<unsigned>(p.batch)},
+                        {static_cast<unsigned>(launch.threads), 1, 1},
+                        static_cast<unsigned>(launch.sharedBytes), stream, arguments);
+  loaded.module->launch(loaded.backwardGradQ, rowGrid, rowBlock, 0, stream, rowArguments);
+  return grads;
+}
+
+} // namespace dflex::runtime::detail

@@ -1,0 +1,353 @@
+#include "dflex/runtime/KernelBundle.h"
+
+#include "JsonFields.h"
+
+#include "dflex/Cache/KernelCache.h"
+#include "dflex/Codegen/Attention.h"
+#include "dflex/Codegen/KernelSources.h"
+#include "dflex/Compile/CachedCompile.h"
+#include "dflex/Expr/ProgramJson.h"
+#include "dflex/Support/File.h"
+#include "dflex/Support/Sha256.h"
+#include "dflex/runtime/Error.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <mutex>
+
+namespace dflex::runtime {
+
+namespace {
+
+using detail::JsonObject;
+
+constexpr int64_t kBundleFormatVersion = 1;
+
+const JsonValue::Array &arrayMember(const JsonObject &object, const char *key) {
+  const JsonValue *member = nullptr;
+  auto found = object.members().find(key);
+  if (found != object.members().end())
+    member = &found->second;
+  if (!member || !member->isArray())
+    object.fail(key, member ? "expected an array" : "missing");
+  return member->asArray();
+}
+
+AttentionLaunch parseLaunch(const JsonObject &launch, const char *symbol, bool backward) {
+  JsonObject entry = launch.object(symbol);
+  AttentionLaunch result;
+  result.threads = entry.integer("threads");
+  result.sharedBytes = entry.integer("shared_bytes");
+  result.blockM = entry.integer("block_m");
+  result.blockN = entry.integer("block_n");
+  if (backward)
+    result.rowKernelThreads = entry.integer("row_kernel_threads");
+  auto positive = [&](const char *key, int64_t value) {
+    if (value <= 0 || value > (int64_t(1) << 24))
+      entry.fail(key, "must be a positive launch constant, got " + std::to_string(value));
+  };
+  positive("threads", result.threads);
+  positive("block_m", result.blockM);
+  positive("block_n", result.blockN);
+  if (result.sharedBytes < 0 || result.sharedBytes > (int64_t(1) << 24))
+    entry.fail("shared_bytes", "out of range: " + std::to_string(result.sharedBytes));
+  if (backward)
+    positive("row_kernel_threads", result.rowKernelThreads);
+  return result;
+}
+
+expr::Program parseProgram(const JsonObject &module, const std::string &name, const char *kind) {
+  for (const JsonValue &json : arrayMember(module, "programs")) {
+    const JsonValue *programName = json.find("name");
+    const JsonValue *programKind = json.find("kind");
+    if (!programName || !programName->isString() || programName->asString() != name ||
+        !programKind || !programKind->isString() || programKind->asString() != kind)
+      continue;
+    Result<expr::Program> program = expr::programFromJson(json);
+    if (!program.ok())
+      module.fail("programs", std::string(kind) + " '" + name + "': " + program.error());
+    return std::move(program).value();
+  }
+  module.fail("programs", std::string("no ") + kind + " named '" + name + "'");
+}
+
+/// The variant layout follows from the programs; the manifest's copy must
+/// agree, or the kernels were built from other bodies than those it carries.
+codegen::VariantLayout checkedLayout(const JsonObject &module, const AttentionKernelSpec &spec) {
+  Result<codegen::VariantLayout> layout =
+      codegen::layoutVariant(spec.mask, spec.scoreMod ? &*spec.scoreMod : nullptr);
+  if (!layout.ok())
+    module.fail("programs", layout.error());
+  JsonObject variant = module.object("variant");
+  const codegen::VariantLayout &expected = layout.value();
+  const JsonValue::Array &captures = arrayMember(variant, "captures");
+  if (variant.integer("size_bytes") != expected.sizeBytes ||
+      captures.size() != expected.captures.size())
+    variant.fail("captures", "do not match the layout of the programs' captures");
+  for (size_t i = 0; i < captures.size(); ++i) {
+    JsonObject capture(captures[i], variant.where() + ": captures[" + std::to_string(i) + "]");
+    const codegen::CaptureSlot &slot = expected.captures[i];
+    if (capture.string("name") != slot.name || capture.integer("offset_bytes") != slot.offsetBytes ||
+        capture.integer("size_bytes") != slot.sizeBytes || capture.integer("rank") != slot.rank ||
+        capture.boolean("tensor", false) != slot.isTensor ||
+        capture.string("type") != expr::toString(slot.elementType))
+      capture.fail("name", "capture '" + slot.name + "' does not match the programs' layout");
+  }
+  return expected;
+}
+
+AttentionKernelSpec parseAttention(const JsonObject &module) {
+  AttentionKernelSpec spec;
+  spec.name = module.string("name");
+  JsonObject attributes = module.object("spec");
+  spec.numQHeads = attributes.integer("num_q_heads");
+  spec.numKvHeads = attributes.integer("num_kv_heads");
+  spec.qkHeadDim = attributes.integer("qk_head_dim");
+  spec.vHeadDim = attributes.integer("v_head_dim");
+  spec.elementType = attributes.string("element_type");
+  spec.scale = static_cast<float>(attributes.number("scale"));
+  if (spec.numQHeads <= 0 || spec.numKvHeads <= 0 || spec.numQHeads % spec.numKvHeads != 0)
+    attributes.fail("num_kv_heads", "must divide num_q_heads");
+  if (spec.qkHeadDim <= 0 || spec.vHeadDim <= 0)
+    attributes.fail("qk_head_dim", "head dims must be positive");
+  if (spec.elementType != "bf16" && spec.elementType != "f16")
+    attributes.fail("element_type", "expected bf16 or f16, got '" + spec.elementType + "'");
+
+  spec.mask = parseProgram(module, attributes.string("mask"), "mask");
+  if (std::optional<std::string> scoreMod = attributes.optionalString("score_mod")) {
+    spec.scoreMod = parseProgram(module, *scoreMod, "score_mod");
+    if (spec.scoreMod->scoreDerivative < 0)
+      module.fail("programs", "score_mod '" + *scoreMod + "' carries no derivative");
+  }
+  spec.layout = checkedLayout(module, spec);
+
+  JsonObject launch = module.object("launch");
+  spec.forward = parseLaunch(launch, "dflex_forward_launch", false);
+  spec.backward = parseLaunch(launch, "dflex_backward_launch", true);
+
+  const JsonValue::Array &kernels = arrayMember(module, "kernels");
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    JsonObject entry(kernels[i], module.where() + ": kernels[" + std::to_string(i) + "]");
+    BundleKernel kernel;
+    kernel.role = entry.string("role");
+    kernel.nameExpression = entry.string("name_expression");
+    JsonObject archs = entry.object("archs");
+    for (const auto &[arch, value] : archs.members())
+      kernel.loweredNames[arch] =
+          JsonObject(value, archs.where() + ": " + arch).string("lowered_name");
+    spec.kernels.push_back(std::move(kernel));
+  }
+  for (const char *role : {"attention_forward", "attention_backward_preprocess",
+                           "attention_backward", "attention_backward_grad_q"}) {
+    bool found = false;
+    for (const BundleKernel &kernel : spec.kernels)
+      found = found || kernel.role == role;
+    if (!found)
+      module.fail("kernels", std::string("no kernel with role '") + role + "'");
+  }
+
+  JsonObject binaries = module.object("binaries");
+  for (const auto &[arch, value] : binaries.members()) {
+    JsonObject entry(value, binaries.where() + ": " + arch);
+    BundleBinary binary;
+    binary.arch = arch;
+    binary.ptxFile = entry.string("ptx");
+    binary.ptxSha256 = entry.string("ptx_sha256");
+    if (entry.hasValue("cubin")) {
+      binary.cubinFile = entry.string("cubin");
+      binary.cubinSha256 = entry.string("cubin_sha256");
+    }
+    for (const BundleKernel &kernel : spec.kernels)
+      if (!kernel.loweredNames.count(arch))
+        entry.fail("ptx", "kernel '" + kernel.role + "' has no lowered name for " + arch);
+    spec.binaries[arch] = std::move(binary);
+  }
+  spec.sourceFile = module.string("source_file");
+  spec.sourceSha256 = module.string("source_sha256");
+  return spec;
+}
+
+/// A file name inside the bundle: no directories, so a manifest cannot point
+/// elsewhere.
+void checkFileName(const std::string &manifestPath, const std::string &file) {
+  if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos)
+    throw FormatError(manifestPath + ": '" + file + "' is not a file name inside the bundle");
+}
+
+} // namespace
+
+const BundleKernel &AttentionKernelSpec::kernel(const std::string &role) const {
+  for (const BundleKernel &kernel : kernels)
+    if (kernel.role == role)
+      return kernel;
+  throw FormatError("attention spec '" + name + "' has no kernel with role '" + role + "'");
+}
+
+std::vector<std::string> AttentionKernelSpec::captureNames() const {
+  std::vector<std::string> names;
+  for (const codegen::CaptureSlot &slot : layout.captures)
+    names.push_back(slot.name);
+  return names;
+}
+
+std::string KernelBundle::path(const std::string &file) const {
+  return (std::filesystem::path(directory_) / file).string();
+}
+
+std::string KernelBundle::readVerified(const std::string &file,
+                                       const std::string &sha256) const {
+  checkFileName(path("manifest.json"), file);
+  const std::string filePath = path(file);
+  Result<std::string> contents = readFile(filePath);
+  if (!contents.ok())
+    throw IoError("kernel bundle: " + contents.error());
+  const std::string actual = Sha256::hexDigest(contents.value());
+  if (actual != sha256)
+    throw FormatError("kernel bundle: " + filePath + ": sha256 " + actual +
+                      " does not match the manifest's " + sha256 +
+                      " (the file was changed or the bundle is incomplete)");
+  return std::move(contents).value();
+}
+
+std::shared_ptr<const KernelBundle> KernelBundle::open(const std::string &directory) {
+  auto bundle = std::shared_ptr<KernelBundle>(new KernelBundle());
+  bundle->directory_ = directory;
+  const std::string manifestPath = bundle->path("manifest.json");
+  if (!std::filesystem::is_directory(directory))
+    throw IoError("kernel bundle: " + directory + " is not a directory");
+  JsonValue manifest = detail::readJsonFile(manifestPath);
+  JsonObject root(manifest, manifestPath);
+
+  const int64_t format = root.integer("format_version");
+  if (format != kBundleFormatVersion)
+    root.fail("format_version", "this runtime reads version " +
+                                    std::to_string(kBundleFormatVersion) + ", got " +
+                                    std::to_string(format));
+  // The runtime passes kernel parameters as the structs of its own copy of
+  // the kernel templates: both sides must be the same templates.
+  const std::string &templates = root.string("template_version");
+  if (templates != codegen::kTemplateVersion)
+    root.fail("template_version", "the bundle was built with kernel templates '" + templates +
+                                      "', this runtime has '" + codegen::kTemplateVersion +
+                                      "'; rebuild it with this version's dflex-compile");
+
+  const JsonValue::Array &modules = arrayMember(root, "modules");
+  for (size_t i = 0; i < modules.size(); ++i) {
+    JsonObject module(modules[i], manifestPath + ": modules[" + std::to_string(i) + "]");
+    if (module.string("kind") != "attention")
+      continue;
+    JsonObject named(modules[i], manifestPath + ": module '" + module.string("name") + "'");
+    bundle->attention_.push_back(parseAttention(named));
+  }
+
+  // Every listed file must be there and intact.
+  for (const AttentionKernelSpec &spec : bundle->attention_) {
+    bundle->readVerified(spec.sourceFile, spec.sourceSha256);
+    for (const auto &[arch, binary] : spec.binaries) {
+      bundle->readVerified(binary.ptxFile, binary.ptxSha256);
+      if (!binary.cubinFile.empty())
+        bundle->readVerified(binary.cubinFile, binary.cubinSha256);
+    }
+  }
+  return bundle;
+}
+
+std::shared_ptr<const KernelBundle> KernelBundle::openCached(const std::string &directory) {
+  struct Entry {
+    int64_t inode = -1;
+    int64_t size = -1;
+    int64_t modifiedNs = -1;
+    std::shared_ptr<const KernelBundle> bundle;
+  };
+  static std::mutex mutex;
+  static std::map<std::string, Entry> *cache = new std::map<std::string, Entry>();
+
+  std::error_code error;
+  std::string key = std::filesystem::weakly_canonical(directory, error).string();
+  if (error)
+    key = directory;
+  struct stat info {};
+  const std::string manifestPath = (std::filesystem::path(key) / "manifest.json").string();
+  if (::stat(manifestPath.c_str(), &info) != 0)
+    return open(directory); // reports the missing manifest
+  const int64_t modifiedNs = int64_t(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
+
+  std::lock_guard<std::mutex> lock(mutex);
+  Entry &entry = (*cache)[key];
+  if (!entry.bundle || entry.inode != int64_t(info.st_ino) ||
+      entry.size != int64_t(info.st_size) || entry.modifiedNs != modifiedNs) {
+    entry.bundle = open(key);
+    entry.inode = info.st_ino;
+    entry.size = info.st_size;
+    entry.modifiedNs = modifiedNs;
+  }
+  return entry.bundle;
+}
+
+KernelImage KernelBundle::kernelImage(const AttentionKernelSpec &spec,
+                                      const std::string &arch) const {
+  for (const std::string &candidate : {arch, arch + "a"}) {
+    auto found = spec.binaries.find(candidate);
+    if (found == spec.binaries.end() || found->second.cubinFile.empty())
+      continue;
+    KernelImage image;
+    image.image = readVerified(found->second.cubinFile, found->second.cubinSha256);
+    image.label = path(found->second.cubinFile);
+    for (const BundleKernel &kernel : spec.kernels)
+      image.loweredNames[kernel.role] = kernel.loweredNames.at(candidate);
+    return image;
+  }
+
+  // The request dflex-compile makes, so that both share cache entries.
+  compile::CompileRequest request;
+  request.source = readVerified(spec.sourceFile, spec.sourceSha256);
+  request.programName = spec.name + ".cu";
+  request.archs = {arch};
+  request.options = {"-std=c++17"};
+  for (const codegen::EmbeddedHeader &header : codegen::kernelHeaders())
+    request.headers.push_back({header.name, header.contents});
+  for (const BundleKernel &kernel : spec.kernels)
+    request.nameExpressions.push_back(kernel.nameExpression);
+  request.dynamicSharedBytes[spec.kernel("attention_forward").nameExpression] =
+      static_cast<uint64_t>(spec.forward.sharedBytes);
+  request.dynamicSharedBytes[spec.kernel("attention_backward").nameExpression] =
+      static_cast<uint64_t>(spec.backward.sharedBytes);
+  cache::CacheConfig config;
+  config.warningSink = cache::stderrWarningSink();
+  cache::KernelCache kernelCache(config);
+  Result<std::vector<compile::ArchBinary>> binaries =
+      compile::compileCached(request, kernelCache, codegen::kTemplateVersion);
+  if (!binaries.ok())
+    throw FormatError("kernel bundle " + directory_ + ": spec '" + spec.name +
+                      "' has no binary for " + arch + " and compiling its source " +
+                      spec.sourceFile + " failed: " + binaries.error());
+  const compile::ArchBinary &binary = binaries.value().front();
+  KernelImage image;
+  image.image = binary.cubin;
+  image.label = path(spec.sourceFile) + " (compiled for " + arch + ")";
+  image.compiled = true;
+  if (image.image.empty())
+    throw FormatError(image.label + ": NVRTC gave no cubin for " + arch);
+  for (const BundleKernel &kernel : spec.kernels) {
+    std::string lowered = binary.loweredName(kernel.nameExpression);
+    if (lowered.empty())
+      throw FormatError(image.label + ": NVRTC gave no lowered name for " +
+                        kernel.nameExpression);
+    image.loweredNames[kernel.role] = lowered;
+  }
+  return image;
+}
+
+const AttentionKernelSpec &KernelBundle::attention(const std::string &name) const {
+  std::string known;
+  for (const AttentionKernelSpec &spec : attention_) {
+    if (spec.name == name)
+      return spec;
+    known += (known.empty() ? "" : ", ") + spec.name;
+  }
+  throw FormatError("kernel bundle " + directory_ + " has no attention spec '" + name +
+                    "' (it has: " + (known.empty() ? "none" : known) + ")");
+}
+
+} // namespace dflex::runtime
