@@ -1,0 +1,546 @@
+// Kernel bundle loading, capture binding, tile lists and the CPU reference
+// of the attention op, on bundles written here (no compiler needed): a
+// document + sliding-window mask with a per-head bias score_mod.
+#include "../TestSupport.h"
+
+#include "dflex/Codegen/Derivative.h"
+#include "dflex/Codegen/Variant.h"
+#include "dflex/Expr/ProgramJson.h"
+#include "dflex/Expr/Semantics.h"
+#include "dflex/Support/Json.h"
+#include "dflex/Support/Sha256.h"
+#include "dflex/runtime/Attention.h"
+#include "dflex/runtime/Error.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+using namespace dflex;
+using namespace dflex::runtime;
+using dflex::runtime::test::expectError;
+using dflex::runtime::test::TempDir;
+using expr::Opcode;
+using expr::ScalarType;
+
+namespace {
+
+class ProgramBuilder {
+public:
+  ProgramBuilder(std::string name, bool isScoreMod) {
+    program_.name = std::move(name);
+    program_.isScoreMod = isScoreMod;
+  }
+  void capture(std::string name, bool isTensor, ScalarType type, int rank) {
+    program_.captures.push_back({std::move(name), isTensor, type, rank});
+  }
+  int32_t add(Opcode op, ScalarType type, std::vector<int32_t> operands = {}, int64_t imm = 0,
+              int64_t imm2 = 0) {
+    expr::Instruction inst{op, type, std::move(operands)};
+    inst.imm = imm;
+    inst.imm2 = imm2;
+    program_.instructions.push_back(inst);
+    return static_cast<int32_t>(program_.instructions.size() - 1);
+  }
+  int32_t constant(float value) {
+    int32_t n = add(Opcode::Constant, ScalarType::F32);
+    program_.instructions[n].fimm = value;
+    return n;
+  }
+  int32_t read(ScalarType type, int64_t tensor, std::vector<int32_t> indices,
+               std::optional<int64_t> padding) {
+    int32_t n = add(Opcode::Read, type, std::move(indices), tensor);
+    if (padding) {
+      program_.instructions[n].hasPadding = true;
+      program_.instructions[n].paddingInt = *padding;
+    }
+    return n;
+  }
+  expr::Program finish(int32_t result) {
+    program_.result = result;
+    return program_;
+  }
+
+private:
+  expr::Program program_;
+};
+
+constexpr int64_t kCmpEq = 0, kCmpUlt = 6, kCmpUge = 9;
+
+/// visible = docs[b, q] == docs[b, kv] (padding -1 / -2: never equal past
+/// the end) and 0 <= q - kv < window.
+expr::Program documentWindowMask() {
+  ProgramBuilder p("document_window", false);
+  p.capture("docs", true, ScalarType::I32, 2);
+  p.capture("window", false, ScalarType::Index, 0);
+  int32_t b = p.add(Opcode::Argument, ScalarType::Index, {}, 0);
+  int32_t q = p.add(Opcode::Argument, ScalarType::Index, {}, 2);
+  int32_t kv = p.add(Opcode::Argument, ScalarType::Index, {}, 3);
+  int32_t window = p.add(Opcode::Capture, ScalarType::Index, {}, 1);
+  int32_t qDoc = p.read(ScalarType::I32, 0, {b, q}, -1);
+  int32_t kvDoc = p.read(ScalarType::I32, 0, {b, kv}, -2);
+  int32_t same = p.add(Opcode::CmpI, ScalarType::I1, {qDoc, kvDoc}, kCmpEq, 32);
+  int32_t causal = p.add(Opcode::CmpI, ScalarType::I1, {q, kv}, kCmpUge, 64);
+  int32_t distance = p.add(Opcode::SubI, ScalarType::Index, {q, kv});
+  int32_t near = p.add(Opcode::CmpI, ScalarType::I1, {distance, window}, kCmpUlt, 64);
+  int32_t both = p.add(Opcode::AndI, ScalarType::I1, {same, causal});
+  return p.finish(p.add(Opcode::AndI, ScalarType::I1, {both, near}));
+}
+
+/// logit = 2 tanh(score / 2) + bias[h], with its derivative.
+expr::Program softcapBiasScoreMod() {
+  ProgramBuilder p("softcap_bias", true);
+  p.capture("bias", true, ScalarType::F32, 1);
+  int32_t score = p.add(Opcode::Argument, ScalarType::F32, {}, 0);
+  int32_t h = p.add(Opcode::Argument, ScalarType::Index, {}, 2);
+  int32_t cap = p.constant(2.0f);
+  int32_t scaled = p.add(Opcode::DivF, ScalarType::F32, {score, cap});
+  int32_t squashed = p.add(Opcode::Tanh, ScalarType::F32, {scaled});
+  int32_t capped = p.add(Opcode::MulF, ScalarType::F32, {squashed, cap});
+  int32_t bias = p.read(ScalarType::F32, 0, {h}, std::nullopt);
+  expr::Program scoreMod = p.finish(p.add(Opcode::AddF, ScalarType::F32, {capped, bias}));
+  Status derivative = codegen::appendScoreDerivative(scoreMod);
+  EXPECT_TRUE(derivative.ok()) << derivative.message();
+  return scoreMod;
+}
+
+constexpr int kQHeads = 4, kKvHeads = 2, kHeadDim = 8;
+constexpr float kScale = 0.35355339f;
+
+/// Writes a bundle with spec "windowed" (and, with `scoreMod`, spec
+/// "windowed_softcap") whose manifest `edit` may alter.
+void writeBundle(const std::string &directory,
+                 const std::function<void(JsonValue &)> &edit = {}) {
+  const expr::Program mask = documentWindowMask();
+  const expr::Program scoreMod = softcapBiasScoreMod();
+  JsonValue manifest = JsonValue::object();
+  manifest["format_version"] = 1;
+  manifest["template_version"] = "dflex-templates-1";
+  JsonValue modules = JsonValue::array();
+  for (bool withScoreMod : {false, true}) {
+    const std::string name = withScoreMod ? "windowed_softcap" : "windowed";
+    JsonValue module = JsonValue::object();
+    module["name"] = name;
+    module["kind"] = "attention";
+    JsonValue spec = JsonValue::object();
+    spec["mask"] = mask.name;
+    if (withScoreMod)
+      spec["score_mod"] = scoreMod.name;
+    spec["num_q_heads"] = kQHeads;
+    spec["num_kv_heads"] = kKvHeads;
+    spec["qk_head_dim"] = kHeadDim;
+    spec["v_head_dim"] = kHeadDim;
+    spec["element_type"] = "bf16";
+    spec["scale"] = static_cast<double>(kScale);
+    module["spec"] = spec;
+    JsonValue programs = JsonValue::array();
+    programs.push(expr::toJson(mask));
+    if (withScoreMod)
+      programs.push(expr::toJson(scoreMod));
+    module["programs"] = programs;
+    module["variant"] = codegen::toJson(
+        codegen::layoutVariant(mask, withScoreMod ? &scoreMod : nullptr).value());
+    JsonValue launch = JsonValue::object();
+    launch["dflex_forward_launch"]["threads"] = 128;
+    launch["dflex_forward_launch"]["shared_bytes"] = 4096;
+    launch["dflex_forward_launch"]["block_m"] = 32;
+    launch["dflex_forward_launch"]["block_n"] = 16;
+    launch["dflex_backward_launch"]["threads"] = 128;
+    launch["dflex_backward_launch"]["shared_bytes"] = 8192;
+    launch["dflex_backward_launch"]["block_m"] = 16;
+    launch["dflex_backward_launch"]["block_n"] = 32;
+    launch["dflex_backward_launch"]["row_kernel_threads"] = 256;
+    module["launch"] = launch;
+    JsonValue kernels = JsonValue::array();
+    for (const char *role : {"attention_forward", "attention_backward_preprocess",
+                             "attention_backward", "attention_backward_grad_q"}) {
+      JsonValue kernel = JsonValue::object();
+      kernel["role"] = role;
+      kernel["name_expression"] = std::string("kernel<") + role + ">";
+      kernel["archs"]["sm_90"]["lowered_name"] = std::string("_Z") + role;
+      kernels.push(kernel);
+    }
+    module["kernels"] = kernels;
+    const std::string source = "// generated source of " + name + "\n";
+    const std::string ptx = "// ptx of " + name + "\n";
+    const std::string cubin = "cubin bytes of " + name;
+    test::writeBytes(directory + "/" + name + ".cu", source);
+    test::writeBytes(directory + "/" + name + ".sm_90.ptx", ptx);
+    test::writeBytes(directory + "/" + name + ".sm_90.cubin", cubin);
+    module["source_file"] = name + ".cu";
+    module["source_sha256"] = Sha256::hexDigest(source);
+    module["binaries"]["sm_90"]["ptx"] = name + ".sm_90.ptx";
+    module["binaries"]["sm_90"]["ptx_sha256"] = Sha256::hexDigest(ptx);
+    module["binaries"]["sm_90"]["cubin"] = name + ".sm_90.cubin";
+    module["binaries"]["sm_90"]["cubin_sha256"] = Sha256::hexDigest(cubin);
+    modules.push(module);
+  }
+  manifest["modules"] = modules;
+  if (edit)
+    edit(manifest);
+  test::writeBytes(directory + "/manifest.json", writeJson(manifest));
+}
+
+JsonValue &firstModule(JsonValue &manifest) { return manifest["modules"].asArray()[0]; }
+
+// --- Bundles -----------------------------------------------------------------
+
+TEST(KernelBundle, OpensAndDescribesItsSpecs) {
+  TempDir dir;
+  writeBundle(dir.path().string());
+  auto bundle = KernelBundle::open(dir.path().string());
+  ASSERT_EQ(bundle->attentionSpecs().size(), 2u);
+  const AttentionKernelSpec &spec = bundle->attention("windowed_softcap");
+  EXPECT_EQ(spec.numQHeads, kQHeads);
+  EXPECT_EQ(spec.numKvHeads, kKvHeads);
+  EXPECT_EQ(spec.qkHeadDim, kHeadDim);
+  EXPECT_EQ(spec.elementType, "bf16");
+  EXPECT_FLOAT_EQ(spec.scale, kScale);
+  EXPECT_EQ(spec.captureNames(), (std::vector<std::string>{"docs", "window", "bias"}));
+  ASSERT_TRUE(spec.scoreMod.has_value());
+  EXPECT_GE(spec.scoreMod->scoreDerivative, 0);
+  EXPECT_EQ(spec.forward.blockM, 32);
+  EXPECT_EQ(spec.backward.blockN, 32);
+  EXPECT_EQ(spec.backward.rowKernelThreads, 256);
+  EXPECT_EQ(spec.kernel("attention_backward").loweredNames.at("sm_90"), "_Zattention_backward");
+  EXPECT_EQ(spec.binaries.at("sm_90").cubinFile, "windowed_softcap.sm_90.cubin");
+  EXPECT_EQ(bundle->readVerified(spec.binaries.at("sm_90").cubinFile,
+                                 spec.binaries.at("sm_90").cubinSha256),
+            "cubin bytes of windowed_softcap");
+}
+
+TEST(KernelBundle, MissingDirectoryOrManifestNamesThePath) {
+  TempDir dir;
+  expectError<IoError>([&] { KernelBundle::open(dir.file("nowhere")); }, {dir.file("nowhere")});
+  expectError<IoError>([&] { KernelBundle::openCached(dir.path().string()); },
+                       {dir.file("manifest.json")});
+}
+
+TEST(KernelBundle, MissingFileIsNamed) {
+  TempDir dir;
+  writeBundle(dir.path().string());
+  std::filesystem::remove(dir.file("windowed.sm_90.cubin"));
+  expectError<IoError>([&] { KernelBundle::open(dir.path().string()); },
+                       {dir.file("windowed.sm_90.cubin")});
+}
+
+TEST(KernelBundle, ShaMismatchIsNamed) {
+  TempDir dir;
+  writeBundle(dir.path().string());
+  test::writeBytes(dir.file("windowed_softcap.sm_90.ptx"), "// tampered\n");
+  expectError<FormatError>([&] { KernelBundle::open(dir.path().string()); },
+                           {dir.file("windowed_softcap.sm_90.ptx"), "sha256", "does not match"});
+}
+
+TEST(KernelBundle, UnknownSpecListsTheKnownOnes) {
+  TempDir dir;
+  writeBundle(dir.path().string());
+  auto bundle = KernelBundle::open(dir.path().string());
+  expectError<FormatError>([&] { bundle->attention("causal"); },
+                           {"no attention spec 'causal'", "windowed, windowed_softcap",
+                            dir.path().string()});
+}
+
+TEST(KernelBundle, BadManifestsAreNamedAndExplained) {
+  struct Case {
+    const char *what;
+    std::function<void(JsonValue &)> edit;
+    std::vector<std::string> fragments;
+  };
+  const std::vector<Case> cases = {
+      {"format", [](JsonValue &m) { m["format_version"] = 2; }, {"format_version", "got 2"}},
+      {"templates", [](JsonValue &m) { m["template_version"] = "dflex-templates-0"; },
+       {"template_version", "dflex-templates-0", "rebuild"}},
+      {"launch", [](JsonValue &m) { firstModule(m)["launch"]["dflex_forward_launch"]["block_m"] = 0; },
+       {"module 'windowed'", "block_m"}},
+      {"missing kernel",
+       [](JsonValue &m) { firstModule(m)["kernels"].asArray().pop_back(); },
+       {"attention_backward_grad_q"}},
+      {"layout",
+       [](JsonValue &m) {
+         firstModule(m)["variant"]["captures"].asArray()[1]["offset_bytes"] = 8;
+       },
+       {"capture 'window'", "layout"}},
+      {"no program", [](JsonValue &m) { firstModule(m)["spec"]["mask"] = "other"; },
+       {"no mask named 'other'"}},
+      {"escape", [](JsonValue &m) { firstModule(m)["source_file"] = "../x.cu"; },
+       {"'../x.cu' is not a file name inside the bundle"}},
+      {"element", [](JsonValue &m) { firstModule(m)["spec"]["element_type"] = "f32"; },
+       {"element_type", "f32"}},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.what);
+    TempDir dir;
+    writeBundle(dir.path().string(), c.edit);
+    try {
+      KernelBundle::open(dir.path().string());
+      ADD_FAILURE() << "accepted";
+    } catch (const FormatError &error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find(dir.file("manifest.json")), std::string::npos) << message;
+      for (const std::string &fragment : c.fragments)
+        EXPECT_NE(message.find(fragment), std::string::npos) << message;
+    }
+  }
+}
+
+TEST(KernelBundle, CacheReopensARewrittenBundle) {
+  TempDir dir;
+  writeBundle(dir.path().string());
+  auto first = KernelBundle::openCached(dir.path().string());
+  EXPECT_EQ(first, KernelBundle::openCached(dir.path().string() + "/"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  writeBundle(dir.path().string(), [](JsonValue &m) { firstModule(m)["spec"]["scale"] = 0.5; });
+  auto second = KernelBundle::openCached(dir.path().string());
+  EXPECT_NE(first, second);
+  EXPECT_FLOAT_EQ(second->attention("windowed").scale, 0.5f);
+}
+
+// --- Captures and tile lists ------------------------------------------------
+
+struct Problem {
+  int64_t batch, queryLength, keyLength;
+  torch::Tensor docs;
+  int64_t window;
+  std::vector<torch::Tensor> captures(bool withBias) const {
+    std::vector<torch::Tensor> list{docs, torch::tensor(window)};
+    if (withBias)
+      list.push_back(torch::tensor({0.5f, -1.0f, 0.25f, 2.0f}));
+    return list;
+  }
+};
+
+/// Documents of random lengths. With more than one batch, the last 5
+/// positions have no document id (reads give the padding), so those queries
+/// see nothing.
+Problem makeProblem(int64_t batch, int64_t length, int64_t window, uint64_t seed) {
+  torch::manual_seed(seed);
+  Problem p{batch, length, length, torch::empty({batch, length}, torch::kInt), window};
+  for (int64_t b = 0; b < batch; ++b) {
+    int doc = 0;
+    for (int64_t t = 0; t < length; ++t) {
+      if (torch::rand({}).item<double>() < 0.08)
+        ++doc;
+      p.docs[b][t] = doc;
+    }
+  }
+  if (batch > 1)
+    p.docs = p.docs.narrow(1, 0, length - 5).contiguous();
+  return p;
+}
+
+TEST(AttentionCaptures, MismatchesAreExplained) {
+  TempDir dir;
+  writeBundle(dir.path().string());
+  auto bundle = KernelBundle::open(dir.path().string());
+  const AttentionKernelSpec &spec = bundle->attention("windowed_softcap");
+  torch::Tensor q = torch::randn({1, 5, kQHeads, kHeadDim});
+  torch::Tensor k = torch::randn({1, 5, kKvHeads, kHeadDim});
+  torch::Tensor docs = torch::zeros({1, 5}, torch::kInt);
+  torch::Tensor bias = torch::zeros({kQHeads});
+  auto run = [&](std::vector<torch::Tensor> captures) {
+    attentionForward(*bundle, spec, q, k, k, captures);
+  };
+  expectError<FormatError>([&] { run({docs, torch::tensor(3)}); },
+                           {"takes 3 captures (docs, window, bias), got 2"});
+  expectError<FormatError>([&] { run({docs.to(torch::kLong), torch::tensor(3), bias}); },
+                           {"capture 0 'docs'", "rank-2 Int tensor", "Long"});
+  expectError<FormatError>([&] { run({docs[0], torch::tensor(3), bias}); },
+                           {"capture 0 'docs'", "rank-2"});
+  expectError<FormatError>([&] { run({docs, torch::tensor(2.5), bias}); },
+                           {"capture 1 'window'", "integer tensor"});
+  expectError<FormatError>([&] { run({docs, torch::tensor({1, 2}), bias}); },
+                           {"capture 1 'window'", "0-dim"});
+  expectError<FormatError>([&] { run({docs, torch::tensor(3), torch::Tensor()}); },
+                           {"capture 2 'bias'", "missing"});
+  expectError<FormatError>(
+      [&] { attentionForward(*bundle, spec, q, torch::randn({1, 5, 3, kHeadDim}),
+                             torch::randn({1, 5, 3, kHeadDim}), {docs, torch::tensor(3), bias}); },
+      {"windowed_softcap", "2 key/value heads", "got 4 and 3"});
+}
+
+/// Checks a tile list against the mask evaluated at every pair: a listed
+/// full tile is visible everywhere, an unlisted tile nowhere.
+void checkTileList(const AttentionKernelSpec &spec, const analysis::TileList &list,
+                   const torch::Tensor &mask, bool forward) {
+  const int64_t batch = mask.size(0), heads = mask.size(1);
+  const int64_t queryLength = mask.size(2), keyLength = mask.size(3);
+  const int64_t queryTile = forward ? spec.forward.blockM : spec.backward.blockM;
+  const int64_t keyTile = forward ? spec.forward.blockN : spec.backward.blockN;
+  const int64_t queryTiles = (queryLength + queryTile - 1) / queryTile;
+  const int64_t keyTiles = (keyLength + keyTile - 1) / keyTile;
+  ASSERT_EQ(list.rowTiles, forward ? queryTiles : keyTiles);
+  ASSERT_TRUE(list.batches == 1 || list.batches == batch);
+  ASSERT_TRUE(list.heads == 1 || list.heads == heads);
+  auto accessor = mask.accessor<bool, 4>();
+  int64_t listedFull = 0, listedPartial = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t row = 0; row < list.rowTiles; ++row) {
+        const int64_t index =
+            ((list.batches == 1 ? 0 : b) * list.heads + (list.heads == 1 ? 0 : h)) * list.rowTiles +
+            row;
+        std::vector<int> state(forward ? keyTiles : queryTiles, 0); // 0 absent, 1 full, 2 partial
+        for (int32_t e = list.rowOffsets[index]; e < list.rowOffsets[index + 1]; ++e) {
+          ASSERT_EQ(state.at(list.entries[e] >> 1), 0) << "a tile listed twice";
+          state[list.entries[e] >> 1] = (list.entries[e] & 1) ? 2 : 1;
+          ((list.entries[e] & 1) ? listedPartial : listedFull) += 1;
+        }
+        for (int64_t column = 0; column < static_cast<int64_t>(state.size()); ++column) {
+          const int64_t qTile = forward ? row : column, kTile = forward ? column : row;
+          bool anyVisible = false, anyHidden = false;
+          for (int64_t q = qTile * queryTile; q < std::min(queryLength, (qTile + 1) * queryTile); ++q)
+            for (int64_t kv = kTile * keyTile; kv < std::min(keyLength, (kTile + 1) * keyTile); ++kv)
+              (accessor[b][h][q][kv] ? anyVisible : anyHidden) = true;
+          if (anyVisible)
+            EXPECT_NE(state[column], 0) << "b " << b << " h " << h << " tile " << qTile << "," << kTile;
+          if (state[column] == 1)
+            EXPECT_FALSE(anyHidden) << "full tile with a hidden pair at b " << b << " tile " << qTile
+                                    << "," << kTile;
+        }
+      }
+  EXPECT_GT(listedFull + listedPartial, 0);
+}
+
+TEST(AttentionTileList, CoversTheMaskExactly) {
+  TempDir dir;
+  writeBundle(dir.path().string());
+  auto bundle = KernelBundle::open(dir.path().string());
+  const AttentionKernelSpec &spec = bundle->attention("windowed");
+  for (auto [length, window] : {std::pair<int64_t, int64_t>{77, 20}, {130, 1000}, {45, 1}}) {
+    SCOPED_TRACE("length " + std::to_string(length) + " window " + std::to_string(window));
+    Problem p = makeProblem(2, length, window, 7 + length);
+    const std::vector<torch::Tensor> captures = p.captures(false);
+    torch::Tensor mask = attentionMask(spec, captures, p.batch, p.queryLength, p.keyLength);
+    checkTileList(spec,
+                  attentionTileList(spec, captures, analysis::TileListKind::Forward, p.batch,
+                                    p.queryLength, p.keyLength),
+                  mask, true);
+    checkTileList(spec,
+                  attentionTileList(spec, captures, analysis::TileListKind::Backward, p.batch,
+                                    p.queryLength, p.keyLength),
+                  mask, false);
+  }
+}
+
+// --- CPU reference ------------------------------------------------------------
+
+/// Dense float64 attention with autograd, from the evaluator's mask and the
+/// score_mod written out in torch.
+torch::Tensor denseAttention(const torch::Tensor &q, const torch::Tensor &k,
+                             const torch::Tensor &v, const torch::Tensor &mask,
+                             const std::optional<torch::Tensor> &bias, torch::Tensor *lse) {
+  const int64_t group = q.size(2) / k.size(2);
+  torch::Tensor kk = k.repeat_interleave(group, 2), vv = v.repeat_interleave(group, 2);
+  torch::Tensor s = torch::einsum("bqhd,bkhd->bhqk", {q, kk}) * static_cast<double>(kScale);
+  if (bias)
+    s = 2 * torch::tanh(s / 2) + bias->to(torch::kDouble).view({1, -1, 1, 1});
+  s = s.masked_fill(~mask, -INFINITY);
+  torch::Tensor l = torch::logsumexp(s, -1);
+  torch::Tensor safe = torch::where(torch::isinf(l), torch::zeros_like(l), l);
+  *lse = l;
+  return torch::einsum("bhqk,bkhd->bqhd", {torch::exp(s - safe.unsqueeze(-1)), vv});
+}
+
+void compareReference(const std::string &specName, bool withBias) {
+  TempDir dir;
+  writeBundle(dir.path().string());
+  const std::string bundleDir = dir.path().string();
+  auto bundle = KernelBundle::open(bundleDir);
+  const AttentionKernelSpec &spec = bundle->attention(specName);
+  Problem p = makeProblem(2, 53, 17, 3);
+  const auto options = torch::TensorOptions().dtype(torch::kDouble);
+  torch::Tensor q = torch::randn({2, 53, kQHeads, kHeadDim}, options).requires_grad_();
+  torch::Tensor k = torch::randn({2, 53, kKvHeads, kHeadDim}, options).requires_grad_();
+  torch::Tensor v = torch::randn({2, 53, kKvHeads, kHeadDim}, options).requires_grad_();
+  const std::vector<torch::Tensor> captures = p.captures(withBias);
+
+  AttentionOutputs outputs = attention(bundleDir, specName, q, k, v, captures);
+  torch::Tensor mask = attentionMask(spec, captures, 2, 53, 53);
+  torch::Tensor lse;
+  std::optional<torch::Tensor> bias;
+  if (withBias)
+    bias = captures[2];
+  torch::Tensor dense = denseAttention(q, k, v, mask, bias, &lse);
+
+  // Queries of batch 1 past the document ids see nothing.
+  EXPECT_TRUE(torch::all(torch::isinf(outputs.logSumExp[1].narrow(1, 48, 5))).item<bool>());
+  EXPECT_TRUE(torch::equal(outputs.out[1].narrow(0, 48, 5), torch::zeros({5, kQHeads, kHeadDim}, options)));
+  EXPECT_TRUE(torch::equal(torch::isinf(outputs.logSumExp), torch::isinf(lse)));
+  // The score_mod runs in f32, as on the GPU.
+  const double tolerance = withBias ? 1e-5 : 1e-12;
+  EXPECT_LT((outputs.out - dense).abs().max().item<double>(), tolerance);
+  torch::Tensor finite = torch::isfinite(lse);
+  EXPECT_LT((outputs.logSumExp - lse).masked_select(finite).abs().max().item<double>(), tolerance);
+
+  torch::Tensor gradOut = torch::randn_like(dense);
+  auto mine = torch::autograd::grad({outputs.out}, {q, k, v}, {gradOut});
+  auto expected = torch::autograd::grad({dense}, {q, k, v}, {gradOut});
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(torch::all(torch::isfinite(mine[i])).item<bool>());
+    EXPECT_LT((mine[i] - expected[i]).abs().max().item<double>(), 10 * tolerance) << "input " << i;
+  }
+  EXPECT_TRUE(torch::equal(mine[0][1].narrow(0, 48, 5), torch::zeros({5, kQHeads, kHeadDim}, options)));
+}
+
+TEST(AttentionReference, MatchesDenseAttention) { compareReference("windowed", false); }
+TEST(AttentionReference, MatchesDenseAttentionWithScoreMod) {
+  compareReference("windowed_softcap", true);
+}
+
+TEST(AttentionReference, BackwardOpMatchesAutograd) {
+  TempDir dir;
+  writeBundle(dir.path().string());
+  auto bundle = KernelBundle::open(dir.path().string());
+  const AttentionKernelSpec &spec = bundle->attention("windowed");
+  Problem p = makeProblem(1, 40, 9, 11);
+  const auto options = torch::TensorOptions().dtype(torch::kDouble);
+  torch::Tensor q = torch::randn({1, 40, kQHeads, kHeadDim}, options).requires_grad_();
+  torch::Tensor k = torch::randn({1, 40, kKvHeads, kHeadDim}, options).requires_grad_();
+  torch::Tensor v = torch::randn({1, 40, kKvHeads, kHeadDim}, options).requires_grad_();
+  AttentionOutputs outputs = attention(dir.path().string(), "windowed", q, k, v, p.captures(false));
+  torch::Tensor gradOut = torch::randn_like(outputs.out);
+  auto viaAutograd = torch::autograd::grad({outputs.out}, {q, k, v}, {gradOut});
+  AttentionGrads direct = attentionBackward(*bundle, spec, q.detach(), k.detach(), v.detach(),
+                                            outputs.out.detach(), outputs.logSumExp, gradOut,
+                                            p.captures(false));
+  EXPECT_TRUE(torch::equal(direct.q, viaAutograd[0]));
+  EXPECT_TRUE(torch::equal(direct.k, viaAutograd[1]));
+  EXPECT_TRUE(torch::equal(direct.v, viaAutograd[2]));
+}
+
+TEST(AttentionReference, LowPrecisionAndStridedInputs) {
+  TempDir dir;
+  writeBundle(dir.path().string());
+  auto bundle = KernelBundle::open(dir.path().string());
+  const AttentionKernelSpec &spec = bundle->attention("windowed");
+  Problem p = makeProblem(1, 30, 30, 5);
+  // [B, H, T, D] storage viewed as [B, T, H, D].
+  torch::Tensor q = torch::randn({1, kQHeads, 30, kHeadDim}).to(torch::kBFloat16).transpose(1, 2);
+  torch::Tensor k = torch::randn({1, kKvHeads, 30, kHeadDim}).to(torch::kBFloat16).transpose(1, 2);
+  AttentionOutputs low = attentionForward(*bundle, spec, q, k, k, p.captures(false));
+  EXPECT_EQ(low.out.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(low.logSumExp.scalar_type(), torch::kFloat);
+  AttentionOutputs high = attentionForward(*bundle, spec, q.to(torch::kDouble), k.to(torch::kDouble),
+                                           k.to(torch::kDouble), p.captures(false));
+  EXPECT_TRUE(torch::equal(low.out, high.out.to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::allclose(low.logSumExp.to(torch::kDouble), high.logSumExp, 1e-6, 1e-6));
+}
+
+TEST(AttentionReference, EmptyLengths) {
+  TempDir dir;
+  writeBundle(dir.path().string());
+  auto bundle = KernelBundle::open(dir.path().string());
+  const AttentionKernelSpec &spec = bundle->attention("windowed");
+  torch::Tensor q = torch::randn({1, 4, kQHeads, kHeadDim});
+  torch::Tensor noKeys = torch::randn({1, 0, kKvHeads, kHeadDim});
+  AttentionOutputs outputs = attentionForward(*bundle, spec, q, noKeys, noKeys,
+                                              {torch::zeros({1, 4}, torch::kInt), torch::tensor(3)});
+  EXPECT_TRUE(torch::equal(outputs.out, torch::zeros_like(q)));
+  EXPECT_TRUE(torch::all(torch::isinf(outputs.logSumExp)).item<bool>());
+}
+
+} // namespace
