@@ -178,20 +178,28 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
     cp_async_commit();
   };
 
+  // The chunk's last cumulative gate, loaded a step ahead (it is on the critical path).
+  auto last_gate = [&](int i) {
+    const int rows = min(64, seq.length - 64 * i);
+    return p.workspace.gate_cumsum[(seq.start + 64LL * i + rows - 1) * hv_count + hv];
+  };
+  float next_gate_last = 0.f;
   if (chunks > 0) {
     issue_stage(chunks - 1);
     if constexpr (Config::kDeltaRule) issue_w(chunks - 1);
+    next_gate_last = last_gate(chunks - 1);
   }
   for (int i = chunks - 1; i >= 0; --i) {
     const long long start = seq.start + 64 * i;
     const int rows = min(64, seq.length - 64 * i);
+    const float gate_last = next_gate_last;
     if (i > 0) {
       issue_stage(i - 1);
+      next_gate_last = last_gate(i - 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
-    const float gate_last = p.workspace.gate_cumsum[(start + rows - 1) * hv_count + hv];
 #pragma unroll
     for (int m = 0; m < kAtoms; ++m)
       store_accumulator<StateBlockTile>(state_grad_tile, grad_state[m], 1.f, 1.f, warp * kRowsPerWarp + 16 * m, 0,
@@ -301,19 +309,12 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
   constexpr bool kDelta = Config::kDeltaRule;
 
   extern __shared__ __align__(128) unsigned char shared[];
-  Element* queries = reinterpret_cast<Element*>(shared + Layout::kQueries);
-  Element* keys = reinterpret_cast<Element*>(shared + Layout::kKeys);
+  auto stage = [&](int index, int offset) {
+    return reinterpret_cast<Element*>(shared + Layout::kStages + (index & 1) * Layout::kStageBytes + offset);
+  };
   Element* t_tile = reinterpret_cast<Element*>(shared + Layout::kTInverse);
-  Element* grad_o_block = reinterpret_cast<Element*>(shared + Layout::kGradO);
-  Element* state_block = reinterpret_cast<Element*>(shared + Layout::kStateBlock);
-  Element* state_grad_block = reinterpret_cast<Element*>(shared + Layout::kStateGradBlock);
-  Element* delta_block = reinterpret_cast<Element*>(shared + Layout::kDeltaBlock);
-  Element* grad_delta_block = reinterpret_cast<Element*>(shared + Layout::kGradDeltaBlock);
-  Element* value_block = reinterpret_cast<Element*>(shared + Layout::kValueBlockOffset);
   Element* grad_x_block = reinterpret_cast<Element*>(shared + Layout::kGradX);
   Element* decayed_grad_x_block = reinterpret_cast<Element*>(shared + Layout::kDecayedGradX);
-  Element* score_grad = reinterpret_cast<Element*>(shared + Layout::kScoreGrad);
-  Element* g_tile = reinterpret_cast<Element*>(shared + Layout::kG);
   float* gates = reinterpret_cast<float*>(shared + Layout::kScalars);
   float* betas = gates + 64;
   float* q_inverse = gates + 128;
@@ -345,25 +346,52 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
   const long long chunk_head = static_cast<long long>(chunk.index) * hv_count + hv;
   const long long state_offset = chunk_head * kDk * kDv;
 
-  async_load_tile<KeyTile, kThreads>(queries, p.q + start * p.q_row_stride + hk * kDk, p.q_row_stride, length, thread);
-  async_load_tile<KeyTile, kThreads>(keys, p.k + start * p.k_row_stride + hk * kDk, p.k_row_stride, length, thread);
-  if constexpr (kDelta)
-    async_load_tile<ChunkTile, kThreads>(t_tile, p.workspace.t_inverse + chunk_head * 64 * 64, 64, 64,
+  constexpr int kValueBlocks = kDv / kBlock;
+  // Value block b into stage b; after the last block, q and k into the free stage.
+  auto issue = [&](int b) {
+    if (b == kValueBlocks) {
+      async_load_tile<KeyTile, kThreads>(stage(b, 0), p.q + start * p.q_row_stride + hk * kDk, p.q_row_stride, length,
                                          thread);
-  cp_async_commit();
+      async_load_tile<KeyTile, kThreads>(stage(b, KeyTile::kBytes), p.k + start * p.k_row_stride + hk * kDk,
+                                         p.k_row_stride, length, thread);
+    } else {
+      const int column0 = b * kBlock;
+      async_load_tile<ValueBlockTile, kThreads>(stage(b, Layout::kGradOOffset),
+                                                p.grad_o + start * p.grad_o_row_stride + hv * kDv + column0,
+                                                p.grad_o_row_stride, length, thread);
+      async_load_tile<StateBlockTile, kThreads>(stage(b, Layout::kStateOffset),
+                                                p.workspace.chunk_states + state_offset + column0, kDv, kDk, thread);
+      async_load_tile<StateBlockTile, kThreads>(stage(b, Layout::kStateGradOffset),
+                                                p.workspace.chunk_state_grads + state_offset + column0, kDv, kDk,
+                                                thread);
+      if constexpr (kDelta) {
+        async_load_tile<ValueBlockTile, kThreads>(stage(b, Layout::kDeltaOffset),
+                                                  p.workspace.delta + start * value_rows + hv * kDv + column0,
+                                                  value_rows, length, thread);
+        async_load_tile<ValueBlockTile, kThreads>(stage(b, Layout::kGradDeltaOffset),
+                                                  p.workspace.grad_delta + start * value_rows + hv * kDv + column0,
+                                                  value_rows, length, thread);
+        async_load_tile<ValueBlockTile, kThreads>(stage(b, Layout::kValuesOffset),
+                                                  p.v + start * p.v_row_stride + hv * kDv + column0, p.v_row_stride,
+                                                  length, thread);
+      } else {
+        async_load_tile<ValueBlockTile, kThreads>(stage(b, Layout::kDeltaOffset),
+                                                  p.v + start * p.v_row_stride + hv * kDv + column0, p.v_row_stride,
+                                                  length, thread);
+      }
+    }
+    cp_async_commit();
+  };
+
+  if constexpr (kDelta)
+    async_load_tile<ChunkTile, kThreads>(t_tile, p.workspace.t_inverse + chunk_head * 64 * 64, 64, 64, thread);
+  issue(0);
   if (thread < 64) {
     const long long index = (start + min(thread, length - 1)) * hv_count + hv;
     gates[thread] = p.workspace.gate_cumsum[index];
     betas[thread] = kDelta && thread < length ? p.workspace.beta[index] : 0.f;
   }
   for (int i = thread; i < 5 * 64 + 8; i += kThreads) grad_gate[i] = 0.f;
-  cp_async_wait<0>();
-  if constexpr (Config::kQkL2Norm) {
-    normalise_rows<KeyTile, kThreads>(queries, q_inverse, thread);
-    normalise_rows<KeyTile, kThreads>(keys, k_inverse, thread);
-  } else {
-    __syncthreads();
-  }
 
   float grad_q[kKeyBlocks][4], grad_k[kKeyBlocks][4], z[kKeyBlocks][4], grad_a[4][4], grad_p[4][4];
   zero(grad_q);
@@ -375,29 +403,17 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
   float state_dot = 0.f;
 
 #pragma unroll 1
-  for (int block = 0; block < kDv / kBlock; ++block) {
+  for (int block = 0; block < kValueBlocks; ++block) {
     const int column0 = block * kBlock;
-    async_load_tile<ValueBlockTile, kThreads>(grad_o_block, p.grad_o + start * p.grad_o_row_stride + hv * kDv + column0,
-                                              p.grad_o_row_stride, length, thread);
-    async_load_tile<StateBlockTile, kThreads>(state_block, p.workspace.chunk_states + state_offset + column0, kDv, kDk,
-                                              thread);
-    async_load_tile<StateBlockTile, kThreads>(state_grad_block, p.workspace.chunk_state_grads + state_offset + column0,
-                                              kDv, kDk, thread);
-    if constexpr (kDelta) {
-      async_load_tile<ValueBlockTile, kThreads>(delta_block, p.workspace.delta + start * value_rows + hv * kDv + column0,
-                                                value_rows, length, thread);
-      async_load_tile<ValueBlockTile, kThreads>(grad_delta_block,
-                                                p.workspace.grad_delta + start * value_rows + hv * kDv + column0,
-                                                value_rows, length, thread);
-      async_load_tile<ValueBlockTile, kThreads>(value_block, p.v + start * p.v_row_stride + hv * kDv + column0,
-                                                p.v_row_stride, length, thread);
-    } else {
-      async_load_tile<ValueBlockTile, kThreads>(delta_block, p.v + start * p.v_row_stride + hv * kDv + column0,
-                                                p.v_row_stride, length, thread);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
+    issue(block + 1);
+    cp_async_wait<1>();
     __syncthreads();
+    const Element* grad_o_block = stage(block, Layout::kGradOOffset);
+    const Element* state_block = stage(block, Layout::kStateOffset);
+    const Element* state_grad_block = stage(block, Layout::kStateGradOffset);
+    const Element* delta_block = stage(block, Layout::kDeltaOffset);
+    const Element* grad_delta_block = stage(block, Layout::kGradDeltaOffset);
+    const Element* value_block = stage(block, Layout::kValuesOffset);
 
     if constexpr (kDelta) {
       // dX = T^T d delta (the warp's 16 rows x 16 of the block's columns), dV = B dX.
@@ -447,26 +463,32 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
     __syncthreads();
   }
 
+  // q and k (in the stage after the last block); dP o Gamma and G go to the other.
+  cp_async_wait<0>();
+  Element* queries = stage(kValueBlocks, 0);
+  Element* keys = stage(kValueBlocks, KeyTile::kBytes);
+  Element* score_grad = stage(kValueBlocks + 1, 0);
+  Element* g_tile = stage(kValueBlocks + 1, ChunkTile::kBytes);
+  if constexpr (Config::kQkL2Norm) {
+    normalise_rows<KeyTile, kThreads>(queries, q_inverse, thread);
+    normalise_rows<KeyTile, kThreads>(keys, k_inverse, thread);
+  } else {
+    __syncthreads();
+  }
+
   // Row terms of D delta dH^T (r_j) and of Z = -E dX S0^T, then dK from both:
   // grad_k holds delta dH^T, z holds E dX S0^T.
   const float gate_last = gates[length - 1];
   {
-    float k_dh[2] = {0.f, 0.f}, k_z[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < kKeyBlocks; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = row0 + fragment_row(lane, 2 * half), col = key_col0 + fragment_col(lane, j, 0);
-        const float2 k = load_pair<KeyTile>(keys, row, col);
-        k_dh[half] += k.x * grad_k[j][2 * half] + k.y * grad_k[j][2 * half + 1];
-        if constexpr (kDelta) k_z[half] -= k.x * z[j][2 * half] + k.y * z[j][2 * half + 1];
-      }
+    float k_dh[2] = {0.f, 0.f}, k_z[2] = {0.f, 0.f};  // k . (delta dH^T), k . (E dX S0^T)
+    add_row_dots<KeyTile>(k_dh, keys, grad_k, row0, key_col0, lane);
+    if constexpr (kDelta) add_row_dots<KeyTile>(k_z, keys, z, row0, key_col0, lane);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = row0 + fragment_row(lane, 2 * half);
       const float decay = fast_exp(gate_last - gates[row]);
       const float r = decay * quad_sum(k_dh[half]);
-      const float kz = quad_sum(k_z[half]);
+      const float kz = -quad_sum(k_z[half]);
       const float dx_dot = quad_sum(v_dot_dx[half]);
       if ((lane & 3) == 0) {
         atomicAdd(&r_terms[row], r);
@@ -485,6 +507,14 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
         grad_k[j][e] = fast_exp(gate_last - gates[row]) * grad_k[j][e] - (kDelta ? betas[row] * z[j][e] : 0.f);
         grad_q[j][e] *= p.scale * fast_exp(gates[row]);
       }
+    // q.dQ of the inter-chunk part (scale E dO S0^T), a gate term.
+    float q_inter[2] = {0.f, 0.f};
+    add_row_dots<KeyTile>(q_inter, queries, grad_q, row0, key_col0, lane);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float sum = quad_sum(q_inter[half]);
+      if ((lane & 3) == 0) atomicAdd(&grad_gate[row0 + fragment_row(lane, 2 * half)], sum);
+    }
   }
   state_dot = warp_sum(state_dot);
   if (lane == 0) atomicAdd(&totals[1], state_dot);
@@ -494,7 +524,12 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
     float qk[4][4];
     zero(qk);
     warp_mma<Element, 4, kDk / 16, false, false, KeyTile, KeyTile>(qk, queries, row0, 0, keys, 32 * half_col, 0, lane);
+    // The row (+) and column (-) sides of sum dP o P use the same fp32
+    // products, so they cancel exactly over the chunk as they do in exact
+    // arithmetic (going through the bf16 dP o Gamma product for the row side
+    // would not: the gate gradients' sums over tokens then drift).
     float column_sums[4][2] = {};
+    float row_sums[2] = {0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -507,13 +542,20 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
           if (col + c <= row) {
             const float gamma = fast_exp(gates[row] - gates[col + c]);
             const float dp = p.scale * grad_p[j][2 * half + c];
-            column_sums[j][c] -= dp * gamma * qk[j][2 * half + c];
+            const float term = dp * gamma * qk[j][2 * half + c];
+            column_sums[j][c] -= term;
+            row_sums[half] += term;
             value[c] = dp * gamma;
           }
         }
         store_pair<ChunkTile>(score_grad, row, col, value[0], value[1]);
       }
     add_column_sums(column_sums, grad_gate, 32 * half_col, lane);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float sum = quad_sum(row_sums[half]);
+      if ((lane & 3) == 0) atomicAdd(&grad_gate[row0 + fragment_row(lane, 2 * half)], sum);
+    }
   }
   if constexpr (kDelta) {
     // G = dA o B Gamma with dA = -strict_lower(dX delta^T), and the A terms of dbeta, dc.
@@ -568,18 +610,11 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
     warp_mma<Element, kKeyBlocks, 4, true, true, ChunkTile, KeyTile>(grad_k, g_tile, row0, 0, keys, key_col0, 0,
                                                                      lane);
   }
-  // q.dQ (a gate term, and the normalisation's projection) and k.dK per row.
-  {
+  // q.dQ and k.dK per row: the normalisation's projections.
+  if constexpr (Config::kQkL2Norm) {
     float qd[2] = {0.f, 0.f}, kd[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < kKeyBlocks; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = row0 + fragment_row(lane, 2 * half), col = key_col0 + fragment_col(lane, j, 0);
-        const float2 q = load_pair<KeyTile>(queries, row, col), k = load_pair<KeyTile>(keys, row, col);
-        qd[half] += q.x * grad_q[j][2 * half] + q.y * grad_q[j][2 * half + 1];
-        kd[half] += k.x * grad_k[j][2 * half] + k.y * grad_k[j][2 * half + 1];
-      }
+    add_row_dots<KeyTile>(qd, queries, grad_q, row0, key_col0, lane);
+    add_row_dots<KeyTile>(kd, keys, grad_k, row0, key_col0, lane);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float qs = quad_sum(qd[half]), ks = quad_sum(kd[half]);
@@ -626,7 +661,7 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
   if constexpr (Config::kHasGate || kDelta) {
     float dc = 0.f;
     if (thread < length) {
-      dc = grad_gate[thread] + q_dot[thread] - r_terms[thread];
+      dc = grad_gate[thread] - r_terms[thread];
       if (thread == length - 1) dc += totals[0] + fast_exp(gate_last) * totals[1];
     }
     __syncthreads();

@@ -212,6 +212,21 @@ __device__ __forceinline__ void store_global_pair(__nv_bfloat16* address, float 
 __device__ __forceinline__ int fragment_row(int lane, int e) { return (lane >> 2) + ((e >> 1) << 3); }
 __device__ __forceinline__ int fragment_col(int lane, int j, int e) { return 8 * j + 2 * (lane & 3) + (e & 1); }
 
+// Adds to sums[h] this lane's share of the dot products between rows
+// row0 + lane/4 + 8h of a warp's accumulator (16 x 8*kBlocksN at column col0)
+// and the same positions of a tile; quad_sum completes a row.
+template <class Tile, int kBlocksN>
+__device__ __forceinline__ void add_row_dots(float (&sums)[2], const __nv_bfloat16* tile,
+                                             const float (&acc)[kBlocksN][4], int row0, int col0, int lane) {
+#pragma unroll
+  for (int j = 0; j < kBlocksN; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float2 x = load_pair<Tile>(tile, row0 + fragment_row(lane, 2 * half), col0 + fragment_col(lane, j, 0));
+      sums[half] += x.x * acc[j][2 * half] + x.y * acc[j][2 * half + 1];
+    }
+}
+
 // P = scale lower(Q K^T o Gamma) for the 16 rows 16*warp.. of a chunk: one
 // warp of the block writes its rows of `scores` (a ChunkTile) from the q and
 // k tiles and the chunk's cumulative gates, and is then done with them.

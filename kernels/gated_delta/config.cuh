@@ -63,14 +63,13 @@ struct GatedDeltaConfig {
 
   static constexpr int kFloatRow = kChunk + 1;  // padded fp32 rows of the in-chunk solve
 
-  // Forward prepare: k, v, T (bf16), A and T (fp32), block-row scratch, gates.
+  // Forward prepare: k, v, T (bf16), A then T in place (fp32), block-row scratch, gates.
   struct ForwardPrepare {
     static constexpr int kKeys = 0;
     static constexpr int kValues = kKeys + KeyTile::kBytes;
     static constexpr int kTInverse = kValues + (kDeltaRule ? ValueTile::kBytes : 0);
-    static constexpr int kAFloat = kTInverse + (kDeltaRule ? ChunkTile::kBytes : 0);
-    static constexpr int kTFloat = kAFloat + (kDeltaRule ? align_up_128(kChunk * kFloatRow * 4) : 0);
-    static constexpr int kBlockRows = kTFloat + (kDeltaRule ? align_up_128(kChunk * kFloatRow * 4) : 0);
+    static constexpr int kMatrix = kTInverse + (kDeltaRule ? ChunkTile::kBytes : 0);
+    static constexpr int kBlockRows = kMatrix + (kDeltaRule ? align_up_128(kChunk * kFloatRow * 4) : 0);
     static constexpr int kGates = kBlockRows + (kDeltaRule ? align_up_128(16 * 49 * 4) : 0);
     static constexpr int kBytes = kGates + align_up_128((4 * kChunk + 2) * 4);
   };
@@ -112,29 +111,26 @@ struct GatedDeltaConfig {
     static constexpr int kStateGrad = kW + (kDeltaRule ? KeyTile::kBytes : 0);
     static constexpr int kBytes = kStateGrad + StateBlockTile::kBytes;
   };
-  // Backward chunk: q, k, T, the per-value-block tiles (reused for dP o Gamma
-  // and G after the value loop), per-row scalars.
+  // Backward chunk: T, two stages of per-value-block tiles (the stage free
+  // during the last block receives q and k), dX blocks, per-row scalars. After
+  // the value loop, dP o Gamma and G overlay the other stage.
   struct BackwardChunk {
-    static constexpr int kQueries = 0;
-    static constexpr int kKeys = kQueries + KeyTile::kBytes;
-    static constexpr int kTInverse = kKeys + KeyTile::kBytes;
-    static constexpr int kGradO = kTInverse + (kDeltaRule ? ChunkTile::kBytes : 0);
-    static constexpr int kStateBlock = kGradO + ValueBlockTile::kBytes;
-    static constexpr int kStateGradBlock = kStateBlock + StateBlockTile::kBytes;
-    static constexpr int kDeltaBlock = kStateGradBlock + StateBlockTile::kBytes;  // delta (v without the rule)
-    static constexpr int kGradDeltaBlock = kDeltaBlock + ValueBlockTile::kBytes;
-    static constexpr int kValueBlockOffset = kGradDeltaBlock + (kDeltaRule ? ValueBlockTile::kBytes : 0);
-    static constexpr int kGradX = kValueBlockOffset + (kDeltaRule ? ValueBlockTile::kBytes : 0);
+    static constexpr int kGradOOffset = 0;  // offsets inside a stage
+    static constexpr int kStateOffset = kGradOOffset + ValueBlockTile::kBytes;
+    static constexpr int kStateGradOffset = kStateOffset + StateBlockTile::kBytes;
+    static constexpr int kDeltaOffset = kStateGradOffset + StateBlockTile::kBytes;  // delta (v without the rule)
+    static constexpr int kGradDeltaOffset = kDeltaOffset + ValueBlockTile::kBytes;
+    static constexpr int kValuesOffset = kGradDeltaOffset + (kDeltaRule ? ValueBlockTile::kBytes : 0);
+    static constexpr int kBlockBytes = kValuesOffset + (kDeltaRule ? ValueBlockTile::kBytes : 0);
+    static constexpr int kStageBytes = kBlockBytes > 2 * KeyTile::kBytes ? kBlockBytes : 2 * KeyTile::kBytes;
+    static constexpr int kTInverse = 0;
+    static constexpr int kStages = kTInverse + (kDeltaRule ? ChunkTile::kBytes : 0);
+    static constexpr int kGradX = kStages + 2 * kStageBytes;
     static constexpr int kDecayedGradX = kGradX + (kDeltaRule ? ValueBlockTile::kBytes : 0);
-    static constexpr int kBlocksEnd = kDecayedGradX + (kDeltaRule ? ValueBlockTile::kBytes : 0);
-    // After the value loop: dP o Gamma and G overlay the block tiles.
-    static constexpr int kScoreGrad = kGradO;
-    static constexpr int kG = kScoreGrad + ChunkTile::kBytes;
-    static constexpr int kScalars = kBlocksEnd;
+    static constexpr int kScalars = kDecayedGradX + (kDeltaRule ? ValueBlockTile::kBytes : 0);
     static constexpr int kScalarRows = 9;  // gate, beta, 1/|q|, 1/|k|, dgate, dbeta, r, q.dq, k.dk
     static constexpr int kBytes = kScalars + align_up_128((kScalarRows * kChunk + 8) * 4);
-    static_assert(kG + (kDeltaRule ? ChunkTile::kBytes : 0) <= kBlocksEnd,
-                  "dP o Gamma and G must fit over the value-block tiles");
+    static_assert(2 * ChunkTile::kBytes <= kStageBytes, "dP o Gamma and G must fit in one stage");
   };
 
   static_assert(ForwardPrepare::kBytes <= kMaxSharedMemoryPerBlock, "gated delta forward prepare exceeds sm_120 shared memory");

@@ -38,8 +38,7 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
   Element* keys = reinterpret_cast<Element*>(shared + Layout::kKeys);
   Element* values = reinterpret_cast<Element*>(shared + Layout::kValues);
   Element* t_tile = reinterpret_cast<Element*>(shared + Layout::kTInverse);
-  float* a_matrix = reinterpret_cast<float*>(shared + Layout::kAFloat);
-  float* t_matrix = reinterpret_cast<float*>(shared + Layout::kTFloat);
+  float* matrix = reinterpret_cast<float*>(shared + Layout::kMatrix);  // A, then T in place
   float* block_rows = reinterpret_cast<float*>(shared + Layout::kBlockRows);
   float* gates = reinterpret_cast<float*>(shared + Layout::kGates);
   float* betas = gates + 64;
@@ -49,6 +48,7 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
 
 
   // A = strict_lower(B (K K^T) o Gamma) in fp32; warp w owns rows 16w..16w+15.
+  // T is then computed in place over A.
   {
     float acc[8][4];
     zero(acc);
@@ -58,15 +58,14 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = 16 * warp + fragment_row(lane, e), col = fragment_col(lane, j, e);
-        a_matrix[row * kRow + col] = col < row ? betas[row] * fast_exp(gates[row] - gates[col]) * acc[j][e] : 0.f;
+        matrix[row * kRow + col] = col < row ? betas[row] * fast_exp(gates[row] - gates[col]) * acc[j][e] : 0.f;
       }
     }
   }
   __syncthreads();
 
-  // T = (I + A)^-1: the four 16x16 diagonal blocks by forward substitution
-  // (one warp each, a lane per column), then the blocks below the diagonal
-  // block-row by block-row: T_IJ = -T_II sum_{J<=K<I} A_IK T_KJ.
+  // T = (I + A)^-1. The four 16x16 diagonal blocks by forward substitution
+  // (warp w inverts block w, a lane per column, and writes T_ww over A_ww).
   {
     const int column = lane & 15, base = 16 * warp;
     float t[16];
@@ -74,38 +73,60 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
     for (int i = 0; i < 16; ++i) {
       float sum = i == column ? 1.f : 0.f;
 #pragma unroll
-      for (int j = 0; j < i; ++j) sum -= a_matrix[(base + i) * kRow + base + j] * t[j];
+      for (int j = 0; j < i; ++j) sum -= matrix[(base + i) * kRow + base + j] * t[j];
       t[i] = sum;
     }
+    __syncwarp();
     if (lane < 16) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) t_matrix[(base + i) * kRow + base + column] = t[i];
+      for (int i = 0; i < 16; ++i) matrix[(base + i) * kRow + base + column] = t[i];
     }
   }
   __syncthreads();
-  for (int block = 1; block < 4; ++block) {
-    const int base = 16 * block, columns = base;
-    for (int index = thread; index < 16 * columns; index += kThreads) {
-      const int r = index / columns, c = index % columns;
-      float sum = 0.f;
-      for (int k = c & ~15; k < base; ++k) sum += a_matrix[(base + r) * kRow + k] * t_matrix[k * kRow + c];
-      block_rows[r * 49 + c] = sum;
+  // Then block row I = 1..3 below the diagonal: T_IJ = -T_II sum_{J<=K<I} A_IK T_KJ.
+  // Thread (r, c0) = (thread / 8, thread % 8) computes row 16I + r at columns
+  // c0 + 8m; column c0 + 8m lies in block m / 2, so every bound is a constant.
+  static_assert(kThreads == 128, "the block-row solve maps 16 rows x 8 column lanes onto 128 threads");
+  {
+    const int r = thread >> 3, c0 = thread & 7;
+#pragma unroll
+    for (int block = 1; block < 4; ++block) {
+      const int base = 16 * block;
+      float a_row[48];
+#pragma unroll
+      for (int k = 0; k < base; ++k) a_row[k] = matrix[(base + r) * kRow + k];
+      float out[6];
+#pragma unroll
+      for (int m = 0; m < 2 * block; ++m) {
+        const int c = c0 + 8 * m;
+        float sum = 0.f;
+#pragma unroll
+        for (int k = 16 * (m / 2); k < base; ++k) sum += a_row[k] * matrix[k * kRow + c];
+        block_rows[r * 49 + c] = sum;
+      }
+      __syncthreads();
+      float t_row[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) t_row[k] = matrix[(base + r) * kRow + base + k];
+#pragma unroll
+      for (int m = 0; m < 2 * block; ++m) {
+        const int c = c0 + 8 * m;
+        float sum = 0.f;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) sum += t_row[k] * block_rows[k * 49 + c];
+        out[m] = -sum;
+      }
+#pragma unroll
+      for (int m = 0; m < 2 * block; ++m) matrix[(base + r) * kRow + c0 + 8 * m] = out[m];
+      __syncthreads();
     }
-    __syncthreads();
-    for (int index = thread; index < 16 * columns; index += kThreads) {
-      const int r = index / columns, c = index % columns;
-      float sum = 0.f;
-      for (int m = 0; m <= r; ++m) sum += t_matrix[(base + r) * kRow + base + m] * block_rows[m * 49 + c];
-      t_matrix[(base + r) * kRow + c] = -sum;
-    }
-    __syncthreads();
   }
 
   // T to bf16 (lower triangle), K rows scaled by beta exp(c), V rows by beta.
   for (int index = thread; index < 64 * 32; index += kThreads) {
     const int row = index / 32, col = (index % 32) * 2;
-    store_pair<ChunkTile>(t_tile, row, col, col <= row ? t_matrix[row * kRow + col] : 0.f,
-                          col + 1 <= row ? t_matrix[row * kRow + col + 1] : 0.f);
+    store_pair<ChunkTile>(t_tile, row, col, col <= row ? matrix[row * kRow + col] : 0.f,
+                          col + 1 <= row ? matrix[row * kRow + col + 1] : 0.f);
   }
   scale_rows<KeyTile, kThreads>(keys, key_factors, thread);
   scale_rows<ValueTile, kThreads>(values, betas, thread);
@@ -266,17 +287,27 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_state_ke
     cp_async_commit();
   };
 
-  if (chunks > 0) issue(0);
+  // The chunk's last cumulative gate, loaded a step ahead (it is on the critical path).
+  auto last_gate = [&](int i) {
+    const int rows = min(64, seq.length - 64 * i);
+    return p.workspace.gate_cumsum[(seq.start + 64LL * i + rows - 1) * hv_count + hv];
+  };
+  float next_gate_last = 0.f;
+  if (chunks > 0) {
+    issue(0);
+    next_gate_last = last_gate(0);
+  }
   for (int i = 0; i < chunks; ++i) {
     const long long start = seq.start + 64 * i;
     const int rows = min(64, seq.length - 64 * i);
+    const float gate_last = next_gate_last;
     if (i + 1 < chunks) {
       issue(i + 1);
+      next_gate_last = last_gate(i + 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
-    const float gate_last = p.workspace.gate_cumsum[(start + rows - 1) * hv_count + hv];
 #pragma unroll
     for (int m = 0; m < kAtoms; ++m)
       store_accumulator<StateBlockTile>(state_tile, state[m], 1.f, 1.f, warp * kRowsPerWarp + 16 * m, 0, lane);

@@ -72,6 +72,9 @@ struct Outputs {
   std::vector<double> grad_q, grad_k, grad_v;
   std::vector<double> grad_g, grad_beta;                  // without the in-kernel gate
   std::vector<double> grad_a, grad_b, grad_a_log, grad_dt_bias;  // with it
+  // sum over tokens of |dg g| and |da| per value head: the size of the terms
+  // that grad_a_log and grad_dt_bias add up (their sums cancel a lot).
+  std::vector<double> grad_a_log_terms, grad_dt_bias_terms;
   std::vector<double> grad_initial_state;
 };
 
@@ -156,12 +159,16 @@ inline void gate_backward(const Problem& p, const Inputs& in, const Gates& gates
   out.grad_b.assign(p.gate_elements(), 0.0);
   out.grad_a_log.assign(p.value_heads, 0.0);
   out.grad_dt_bias.assign(p.value_heads, 0.0);
+  out.grad_a_log_terms.assign(p.value_heads, 0.0);
+  out.grad_dt_bias_terms.assign(p.value_heads, 0.0);
   for (size_t i = 0; i < p.gate_elements(); ++i) {
     const int hv = static_cast<int>(i % p.value_heads);
     const double da = dg[i] * -std::exp(in.a_log[hv]) * sigmoid(in.a[i] + in.dt_bias[hv]);
     out.grad_a[i] = da;
     out.grad_dt_bias[hv] += da;
     out.grad_a_log[hv] += dg[i] * gates.g[i];
+    out.grad_dt_bias_terms[hv] += std::abs(da);
+    out.grad_a_log_terms[hv] += std::abs(dg[i] * gates.g[i]);
     out.grad_b[i] = dbeta[i] * gates.beta[i] * (1.0 - gates.beta[i]);
   }
 }
