@@ -512,6 +512,8 @@ struct Step {
   int32_t result;       // the instruction number
   int32_t a, b, c;      // operands (or -1)
   int64_t imm;
+  int64_t padding;      // Read: the value of an out-of-range read
+  uint32_t rank;        // Read: the tensor's rank
 };
 
 struct IntervalEvaluator::Impl {
@@ -550,6 +552,38 @@ struct IntervalEvaluator::Impl {
   std::vector<expr::Value> scratch;
 
   Range readInteger(const Instruction &inst);
+
+  /// Reads of rank 1 and 2 whose leading index is one point: one row query.
+  bool readOneRow(const Step &s, Range &out) {
+    if (s.rank == 0 || s.rank > 2)
+      return false;
+    const int64_t *sizes = captures[s.imm].sizes.data();
+    int64_t row = 0;
+    bool outOfRange = false;
+    if (s.rank == 2) {
+      const Range &lead = ranges[s.a];
+      if (lead.lo != lead.hi)
+        return false;
+      row = lead.lo;
+      outOfRange = row < 0 || row >= sizes[0];
+    }
+    const Range &index = ranges[s.rank == 2 ? s.b : s.a];
+    const int64_t length = sizes[s.rank - 1];
+    const int64_t first = std::max<int64_t>(index.lo, 0);
+    const int64_t last = std::min<int64_t>(index.hi, length - 1);
+    outOfRange |= index.lo < 0 || index.hi >= length;
+    const bool inRange = first <= last && row >= 0 && (s.rank == 1 || row < sizes[0]);
+    int64_t min = s.padding, max = s.padding;
+    if (inRange) {
+      summaries[s.imm]->rowRange(row, first, last, min, max);
+      if (outOfRange) {
+        min = std::min(min, s.padding);
+        max = std::max(max, s.padding);
+      }
+    }
+    out = Range{min, max};
+    return true;
+  }
   void findBreakpoints();
   void collectAffineOrders(int maskOffset);
   bool evaluateExactly(size_t n, expr::Value &out);
@@ -597,6 +631,19 @@ struct IntervalEvaluator::Impl {
         out = Range{lo, hi};
         continue;
       }
+      case Opcode::IndexCast:
+      case Opcode::ExtSI:
+      case Opcode::TruncI: {
+        const Range &a = r[s.a];
+        if (a.lo < minSigned(s.width) || a.hi > maxSigned(s.width))
+          break; // wraps
+        out = a;
+        continue;
+      }
+      case Opcode::Read:
+        if (s.floatResult || !readOneRow(s, out))
+          break;
+        continue;
       case Opcode::DivUI: {
         const Range &a = r[s.a], &b = r[s.b];
         if (a.lo < 0 || b.lo <= 0)
@@ -1049,6 +1096,8 @@ EvaluatorResult IntervalEvaluator::create(const expr::Program &program,
     step.b = operands > 1 ? inst.operands[1] : -1;
     step.c = operands > 2 ? inst.operands[2] : -1;
     step.imm = inst.imm;
+    step.padding = inst.hasPadding ? inst.paddingInt : 0;
+    step.rank = static_cast<uint32_t>(operands);
     uint32_t arguments = argumentsOf[n];
     if (arguments == 0) {
       constantOrder.push_back(step);

@@ -332,10 +332,18 @@ TileListResult transposeTileList(const TileList &source, TileListKind sourceKind
   list.columnTiles = static_cast<int32_t>(targetColumns);
   list.rowOffsets.assign(static_cast<size_t>(groups * targetRows + 1), 0);
   // Target entries in column order, with their rows; sorted by row below
-  // (stably: each row keeps column order).
-  // (Sized up front: each target entry takes at least one source entry.)
+  // (stably: each row keeps column order). Each takes at least one source
+  // entry, so the source's count bounds theirs.
   std::vector<int32_t> rowOf(source.entries.size()), entryOf(source.entries.size());
   size_t count = 0;
+  auto emit = [&](int64_t group, int64_t target, int64_t column, bool isFull) {
+    rowOf[count] = static_cast<int32_t>(group * targetRows + target);
+    entryOf[count++] = static_cast<int32_t>(column << 1) | (isFull ? 0 : 1);
+    ++list.rowOffsets[group * targetRows + target + 1];
+  };
+  auto partsOf = [&](int64_t target) { // source columns in a target row
+    return std::min<int64_t>(perRow, sourceColumns - target * perRow);
+  };
   std::vector<int32_t> present(static_cast<size_t>(targetRows), 0), full(present);
   std::vector<int32_t> touched(static_cast<size_t>(targetRows));
   size_t touchedCount = 0;
@@ -356,25 +364,25 @@ TileListResult transposeTileList(const TileList &source, TileListKind sourceKind
               shiftRows ? sourceColumn >> rowShift : sourceColumn / perRow);
           const int32_t *stop =
               std::min(end, entry + ((target + 1) * perRow - sourceColumn));
-          int32_t count = 0, fullCount = 0;
+          int32_t parts = 0, fullParts = 0;
           for (; entry != stop && (*entry >> 1) < (target + 1) * perRow; ++entry) {
-            ++count;
-            fullCount += (*entry & 1) == 0;
+            ++parts;
+            fullParts += (*entry & 1) == 0;
+          }
+          if (perColumn == 1) { // nothing to gather from other source rows
+            emit(group, target, column, fullParts == partsOf(target));
+            continue;
           }
           if (present[target] == 0)
             touched[touchedCount++] = target;
-          present[target] += count;
-          full[target] += fullCount;
+          present[target] += parts;
+          full[target] += fullParts;
         }
       }
       const int64_t rowsHere = lastRow - firstRow;
       for (size_t t = 0; t < touchedCount; ++t) {
         const int32_t target = touched[t];
-        const int64_t columnsHere = std::min<int64_t>(perRow, sourceColumns - target * perRow);
-        const bool isFull = full[target] == rowsHere * columnsHere;
-        rowOf[count] = static_cast<int32_t>(group * targetRows + target);
-        entryOf[count++] = static_cast<int32_t>(column << 1) | (isFull ? 0 : 1);
-        ++list.rowOffsets[group * targetRows + target + 1];
+        emit(group, target, column, full[target] == rowsHere * partsOf(target));
         present[target] = full[target] = 0;
       }
       touchedCount = 0;

@@ -255,7 +255,7 @@ TEST_P(ExampleTileLists, MatchBruteForce) {
   const int64_t tiles[] = {16, 32, 64, 128};
   Tally tally;
   int64_t evaluations = 0;
-  for (int trialIndex = 0; trialIndex < 12; ++trialIndex) {
+  for (int trialIndex = 0; trialIndex < 20; ++trialIndex) {
     Trial trial;
     trial.shape.batches = uniform(rng, 1, 2);
     trial.shape.heads = uniform(rng, 1, 2);
