@@ -253,6 +253,11 @@ TileListResult buildTileList(IntervalEvaluator &mask, TileListKind kind,
   list.heads = static_cast<int32_t>(heads);
   list.rowTiles = static_cast<int32_t>(rowTiles);
   list.columnTiles = static_cast<int32_t>(columnTiles);
+  list.kind = kind;
+  list.queryTile = queryTile;
+  list.keyTile = keyTile;
+  list.queryLength = shape.queryLength;
+  list.keyLength = shape.keyLength;
   list.rowOffsets.reserve(static_cast<size_t>(batches * heads * rowTiles + 1));
   list.rowOffsets.push_back(0);
 
@@ -288,29 +293,28 @@ TileListResult buildTileList(IntervalEvaluator &mask, TileListKind kind,
   return result;
 }
 
-TileListResult transposeTileList(const TileList &source, TileListKind sourceKind,
-                                 const AttentionShape &shape, int64_t sourceQueryTile,
-                                 int64_t sourceKeyTile, int64_t queryTile, int64_t keyTile) {
+TileListResult transposeTileList(const TileList &source, int64_t queryTile, int64_t keyTile) {
   TileListResult result;
+  AttentionShape shape{source.batches, source.heads, source.queryLength, source.keyLength};
   if (std::string problem = checkShape(shape, queryTile, keyTile); !problem.empty()) {
     result.error = problem;
     return result;
   }
-  if (sourceQueryTile <= 0 || sourceKeyTile <= 0 || queryTile % sourceQueryTile != 0 ||
-      keyTile % sourceKeyTile != 0) {
+  if (source.queryTile <= 0 || source.keyTile <= 0 || queryTile % source.queryTile != 0 ||
+      keyTile % source.keyTile != 0) {
     result.error = "tiles of " + std::to_string(queryTile) + " x " + std::to_string(keyTile) +
-                   " are not unions of tiles of " + std::to_string(sourceQueryTile) + " x " +
-                   std::to_string(sourceKeyTile);
+                   " are not unions of tiles of " + std::to_string(source.queryTile) + " x " +
+                   std::to_string(source.keyTile);
     return result;
   }
   // Source rows run along axis X, columns along Y; the target's rows run
   // along Y (each `perRow` source columns) and its columns along X (each
   // `perColumn` source rows).
-  const bool fromForward = sourceKind == TileListKind::Forward;
-  const int64_t lengthX = fromForward ? shape.queryLength : shape.keyLength;
-  const int64_t lengthY = fromForward ? shape.keyLength : shape.queryLength;
-  const int64_t sourceTileX = fromForward ? sourceQueryTile : sourceKeyTile;
-  const int64_t sourceTileY = fromForward ? sourceKeyTile : sourceQueryTile;
+  const bool fromForward = source.kind == TileListKind::Forward;
+  const int64_t lengthX = fromForward ? source.queryLength : source.keyLength;
+  const int64_t lengthY = fromForward ? source.keyLength : source.queryLength;
+  const int64_t sourceTileX = fromForward ? source.queryTile : source.keyTile;
+  const int64_t sourceTileY = fromForward ? source.keyTile : source.queryTile;
   const int64_t targetTileX = fromForward ? queryTile : keyTile;
   const int64_t targetTileY = fromForward ? keyTile : queryTile;
   const int64_t sourceRows = (lengthX + sourceTileX - 1) / sourceTileX;
@@ -319,9 +323,17 @@ TileListResult transposeTileList(const TileList &source, TileListKind sourceKind
   const int64_t targetRows = (lengthY + targetTileY - 1) / targetTileY;
   const int64_t targetColumns = (lengthX + targetTileX - 1) / targetTileX;
   const int64_t groups = int64_t{source.batches} * source.heads;
-  if (source.rowTiles != sourceRows || source.columnTiles != sourceColumns ||
-      static_cast<int64_t>(source.rowOffsets.size()) != groups * sourceRows + 1) {
-    result.error = "the source list does not match the shape and its tiles";
+  const auto &offsets = source.rowOffsets;
+  bool consistent = source.rowTiles == sourceRows && source.columnTiles == sourceColumns &&
+                    static_cast<int64_t>(offsets.size()) == groups * sourceRows + 1 &&
+                    offsets.front() == 0 &&
+                    offsets.back() == static_cast<int64_t>(source.entries.size());
+  for (size_t row = 1; consistent && row < offsets.size(); ++row)
+    consistent = offsets[row - 1] <= offsets[row];
+  const std::string inconsistent =
+      "the source tile list is inconsistent (offsets, or entries out of range or out of order)";
+  if (!consistent) {
+    result.error = inconsistent;
     return result;
   }
 
@@ -330,6 +342,11 @@ TileListResult transposeTileList(const TileList &source, TileListKind sourceKind
   list.heads = source.heads;
   list.rowTiles = static_cast<int32_t>(targetRows);
   list.columnTiles = static_cast<int32_t>(targetColumns);
+  list.kind = fromForward ? TileListKind::Backward : TileListKind::Forward;
+  list.queryTile = queryTile;
+  list.keyTile = keyTile;
+  list.queryLength = source.queryLength;
+  list.keyLength = source.keyLength;
   list.rowOffsets.assign(static_cast<size_t>(groups * targetRows + 1), 0);
   // Target entries in column order, with their rows; sorted by row below
   // (stably: each row keeps column order). Each takes at least one source
@@ -357,15 +374,25 @@ TileListResult transposeTileList(const TileList &source, TileListKind sourceKind
         const int64_t index = group * sourceRows + row;
         const int32_t *entry = source.entries.data() + source.rowOffsets[index];
         const int32_t *end = source.entries.data() + source.rowOffsets[index + 1];
-        // Entries of a row are sorted: count each target row's in registers.
+        // Entries of a row ascend: count each target row's in registers.
+        int64_t previous = -1;
         while (entry != end) {
           const int64_t sourceColumn = *entry >> 1;
+          if (sourceColumn <= previous || sourceColumn >= sourceColumns) {
+            result.error = inconsistent;
+            return result;
+          }
           const int32_t target = static_cast<int32_t>(
               shiftRows ? sourceColumn >> rowShift : sourceColumn / perRow);
-          const int32_t *stop =
-              std::min(end, entry + ((target + 1) * perRow - sourceColumn));
+          const int64_t groupEnd = std::min((target + 1) * perRow, sourceColumns);
+          const int32_t *stop = std::min(end, entry + (groupEnd - sourceColumn));
           int32_t parts = 0, fullParts = 0;
-          for (; entry != stop && (*entry >> 1) < (target + 1) * perRow; ++entry) {
+          for (; entry != stop && (*entry >> 1) < groupEnd; ++entry) {
+            if ((*entry >> 1) <= previous) {
+              result.error = inconsistent;
+              return result;
+            }
+            previous = *entry >> 1;
             ++parts;
             fullParts += (*entry & 1) == 0;
           }
@@ -411,14 +438,12 @@ AttentionTileLists buildAttentionTileLists(IntervalEvaluator &mask,
   if (divides(backwardQueryTile, forwardQueryTile) && divides(backwardKeyTile, forwardKeyTile)) {
     backward = buildTileList(mask, TileListKind::Backward, shape, backwardQueryTile, backwardKeyTile);
     if (backward.ok())
-      forward = transposeTileList(backward.list, TileListKind::Backward, shape, backwardQueryTile,
-                                  backwardKeyTile, forwardQueryTile, forwardKeyTile);
+      forward = transposeTileList(backward.list, forwardQueryTile, forwardKeyTile);
   } else if (divides(forwardQueryTile, backwardQueryTile) &&
              divides(forwardKeyTile, backwardKeyTile)) {
     forward = buildTileList(mask, TileListKind::Forward, shape, forwardQueryTile, forwardKeyTile);
     if (forward.ok())
-      backward = transposeTileList(forward.list, TileListKind::Forward, shape, forwardQueryTile,
-                                   forwardKeyTile, backwardQueryTile, backwardKeyTile);
+      backward = transposeTileList(forward.list, backwardQueryTile, backwardKeyTile);
   } else {
     forward = buildTileList(mask, TileListKind::Forward, shape, forwardQueryTile, forwardKeyTile);
     if (forward.ok())

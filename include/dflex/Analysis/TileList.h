@@ -46,15 +46,19 @@ struct AttentionShape {
 /// lists a row per key tile (columns: query tiles).
 enum class TileListKind { Forward, Backward };
 
-/// The host form of kernels/attention/tile_list.cuh's TileList.
+/// The host form of kernels/attention/tile_list.cuh's TileList, with what
+/// it was built for.
 struct TileList {
   std::vector<int32_t> rowOffsets; // [rows + 1]
-  std::vector<int32_t> entries;    // (column tile << 1) | partial
+  std::vector<int32_t> entries;    // (column tile << 1) | partial, ascending per row
   int32_t batches = 1;             // 1 when the mask does not read b
   int32_t heads = 1;               // 1 when the mask does not read h
   int32_t rowTiles = 0;
   int32_t columnTiles = 0;
-  int64_t evaluations = 0;         // interval evaluations it took
+  TileListKind kind = TileListKind::Forward;
+  int64_t queryTile = 0, keyTile = 0;     // tile sizes
+  int64_t queryLength = 0, keyLength = 0; // the lengths it covers
+  int64_t evaluations = 0;                // interval evaluations it took
 };
 
 struct TileListResult {
@@ -70,14 +74,12 @@ TileListResult buildTileList(IntervalEvaluator &mask, TileListKind kind,
                              const AttentionShape &shape, int64_t queryTile,
                              int64_t keyTile);
 
-/// The list of the other kind whose tiles (of `queryTile` x `keyTile`) are
-/// unions of the tiles of `source` (a list of `sourceKind` with tiles of
-/// `sourceQueryTile` x `sourceKeyTile` for `shape`): a tile is full when all
+/// The list of the other kind, for the same call, whose tiles (`queryTile`
+/// x `keyTile`) are unions of the tiles of `source`: a tile is full when all
 /// its parts are, empty when all are, else partial. Fails, with a message,
-/// when the tiles are not unions or `source` does not fit the shape.
-TileListResult transposeTileList(const TileList &source, TileListKind sourceKind,
-                                 const AttentionShape &shape, int64_t sourceQueryTile,
-                                 int64_t sourceKeyTile, int64_t queryTile, int64_t keyTile);
+/// when the tiles are not unions or `source` is inconsistent (offsets,
+/// entries out of range or out of order).
+TileListResult transposeTileList(const TileList &source, int64_t queryTile, int64_t keyTile);
 
 struct AttentionTileLists {
   TileList forward, backward;
