@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "dflex/Analysis/IntervalEvaluator.h"
+#include "ProgramBuilder.h"
 #include "dflex/Expr/Semantics.h"
 
 #include <gtest/gtest.h>
@@ -30,43 +30,12 @@ using expr::ScalarType;
 
 namespace {
 
-ScalarType intType(int width) {
-  switch (width) {
-  case 1: return ScalarType::I1;
-  case 8: return ScalarType::I8;
-  case 16: return ScalarType::I16;
-  case 32: return ScalarType::I32;
-  default: return ScalarType::I64;
-  }
-}
-
-/// Builds programs instruction by instruction.
-struct Builder {
-  expr::Program program;
-  int32_t add(Opcode op, ScalarType type, std::vector<int32_t> operands = {},
-              int64_t imm = 0, int64_t imm2 = 0) {
-    Instruction inst;
-    inst.op = op;
-    inst.type = type;
-    inst.operands = std::move(operands);
-    inst.imm = imm;
-    inst.imm2 = imm2;
-    program.instructions.push_back(inst);
-    program.result = static_cast<int32_t>(program.instructions.size() - 1);
-    return program.result;
-  }
-  /// Leading argument `n` (b, h, q_idx, kv_idx) narrowed to `width` bits.
-  int32_t argument(int n, int width) {
-    int32_t arg = add(Opcode::Argument, ScalarType::Index, {}, n);
-    return width == 64 ? arg : add(Opcode::TruncI, intType(width), {arg});
-  }
-};
+using Builder = test::ProgramBuilder;
+using test::intType;
 
 std::unique_ptr<IntervalEvaluator> make(const expr::Program &program,
                                         const std::vector<CaptureValue> &captures = {}) {
-  auto result = IntervalEvaluator::create(program, captures);
-  EXPECT_TRUE(result.ok()) << result.error;
-  return std::move(result.evaluator);
+  return test::makeEvaluator(program, captures);
 }
 
 AbstractValue range(int64_t lo, int64_t hi) { return AbstractValue::ofRange(lo, hi); }

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ProgramBuilder.h"
 #include "dflex/Analysis/TileList.h"
 #include "dflex/Expr/Semantics.h"
 
@@ -19,43 +20,27 @@ using analysis::IntervalEvaluator;
 using analysis::TileClass;
 using analysis::TileList;
 using analysis::TileListKind;
-using expr::Instruction;
 using expr::Opcode;
 using expr::ScalarType;
 
 namespace {
 
-int32_t add(expr::Program &p, Opcode op, ScalarType type, std::vector<int32_t> operands = {},
-            int64_t imm = 0, int64_t imm2 = 0) {
-  Instruction inst;
-  inst.op = op;
-  inst.type = type;
-  inst.operands = std::move(operands);
-  inst.imm = imm;
-  inst.imm2 = imm2;
-  p.instructions.push_back(inst);
-  p.result = static_cast<int32_t>(p.instructions.size() - 1);
-  return p.result;
-}
-
 /// kv <= q + shift(h): causal, shifted right by 7 keys per head.
 expr::Program shiftedCausal() {
-  expr::Program p;
-  p.name = "shifted_causal";
-  int32_t h = add(p, Opcode::Argument, ScalarType::Index, {}, 1);
-  int32_t q = add(p, Opcode::Argument, ScalarType::Index, {}, 2);
-  int32_t kv = add(p, Opcode::Argument, ScalarType::Index, {}, 3);
-  int32_t seven = add(p, Opcode::Constant, ScalarType::Index, {}, 7);
-  int32_t shift = add(p, Opcode::MulI, ScalarType::Index, {h, seven});
-  int32_t limit = add(p, Opcode::AddI, ScalarType::Index, {q, shift});
-  add(p, Opcode::CmpI, ScalarType::I1, {kv, limit}, sem::SLE, 64);
-  return p;
+  test::ProgramBuilder p;
+  p.program.name = "shifted_causal";
+  int32_t h = p.add(Opcode::Argument, ScalarType::Index, {}, 1);
+  int32_t q = p.add(Opcode::Argument, ScalarType::Index, {}, 2);
+  int32_t kv = p.add(Opcode::Argument, ScalarType::Index, {}, 3);
+  int32_t seven = p.add(Opcode::Constant, ScalarType::Index, {}, 7);
+  int32_t shift = p.add(Opcode::MulI, ScalarType::Index, {h, seven});
+  int32_t limit = p.add(Opcode::AddI, ScalarType::Index, {q, shift});
+  p.add(Opcode::CmpI, ScalarType::I1, {kv, limit}, sem::SLE, 64);
+  return p.program;
 }
 
 std::unique_ptr<IntervalEvaluator> make(const expr::Program &program) {
-  auto result = IntervalEvaluator::create(program, {});
-  EXPECT_TRUE(result.ok()) << result.error;
-  return std::move(result.evaluator);
+  return test::makeEvaluator(program);
 }
 
 /// The class of each tile of `list` for head `h` (batch 0), by row.
