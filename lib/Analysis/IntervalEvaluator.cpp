@@ -526,21 +526,23 @@ struct IntervalEvaluator::Impl {
   std::vector<FloatValue> floats;
   Range leadingRanges[5];
   FloatValue score; // a score_mod's first argument
+  bool floatResult = false;
 
   // Live instructions by what they depend on: none (evaluated once, at
   // creation), any leading argument, and per mask argument v those that do
   // not depend on v (fixed) and those that do (varying).
   std::vector<Step> dependentOrder;
   std::vector<Step> fixedOrder[4], varyingOrder[4];
+  std::vector<int32_t> varyingSlots[4]; // the Argument instructions of v
   int varyingArgument = -1; // of the last fix(), -1 before
   std::vector<int64_t> breakpoints; // of the last fix()
   std::vector<int64_t> offsets;     // per instruction, scratch of findBreakpoints
   std::vector<bool> affine;         // per instruction: varying argument + offsets[n]
   std::vector<uint8_t> varyingIn;   // per instruction: bit v if in varyingOrder[v]
-  // Per mask argument v: the steps that may be v plus offsets (Argument,
-  // casts, additions and subtractions of other values) and the comparisons
-  // of those with other values, in order; empty when there is no such
-  // comparison.
+  // Per mask argument v: the steps that may be v plus offsets (casts,
+  // additions and subtractions of other values, starting from the slots of
+  // v) and the comparisons of those with other values, in order; empty when
+  // there is no such comparison.
   std::vector<Step> affineOrder[4];
 
   std::vector<std::unique_ptr<TensorSummary>> summaries; // per integer tensor capture
@@ -585,7 +587,7 @@ struct IntervalEvaluator::Impl {
     return true;
   }
   void findBreakpoints();
-  void collectAffineOrders(int maskOffset);
+  void collectAffineOrders();
   bool evaluateExactly(size_t n, expr::Value &out);
   Range integerStep(const Step &s);
   FloatValue floatStep(const Step &s);
@@ -665,6 +667,11 @@ struct IntervalEvaluator::Impl {
         out = integerStep(s);
     }
   }
+  /// The result as a condition; a float result (a score_mod's) is no
+  /// condition, so nothing is known.
+  Truth resultTruth() const {
+    return floatResult ? Truth::Both : ranges[program.result].truth();
+  }
   AbstractValue result() const {
     size_t n = static_cast<size_t>(program.result);
     if (expr::isFloat(program.instructions[n].type))
@@ -743,20 +750,19 @@ Range IntervalEvaluator::Impl::readInteger(const Instruction &inst) {
 void IntervalEvaluator::Impl::findBreakpoints() {
   breakpoints.clear();
   const std::vector<Step> &order = affineOrder[varyingArgument];
-  const int argument = varyingArgument + (program.isScoreMod ? 1 : 0);
   const uint8_t varyingBit = static_cast<uint8_t>(1u << varyingArgument);
   auto isAffine = [&](int32_t n) { return (varyingIn[n] & varyingBit) && affine[n]; };
   auto isFixedPoint = [&](int32_t n) {
     return !(varyingIn[n] & varyingBit) && ranges[n].lo == ranges[n].hi;
   };
+  for (int32_t slot : varyingSlots[varyingArgument]) {
+    affine[slot] = true;
+    offsets[slot] = 0;
+  }
   for (const Step &s : order) {
     const int32_t n = s.result;
     affine[n] = false;
     switch (s.op) {
-    case Opcode::Argument:
-      affine[n] = s.imm == argument;
-      offsets[n] = 0;
-      break;
     case Opcode::IndexCast: case Opcode::IndexCastUI: case Opcode::ExtSI: case Opcode::ExtUI:
       affine[n] = isAffine(s.a);
       offsets[n] = offsets[s.a];
@@ -801,10 +807,12 @@ void IntervalEvaluator::Impl::findBreakpoints() {
   breakpoints.erase(std::unique(breakpoints.begin(), breakpoints.end()), breakpoints.end());
 }
 
-void IntervalEvaluator::Impl::collectAffineOrders(int maskOffset) {
+void IntervalEvaluator::Impl::collectAffineOrders() {
   std::vector<bool> candidate(program.instructions.size());
   for (int v = 0; v < 4; ++v) {
     std::fill(candidate.begin(), candidate.end(), false);
+    for (int32_t slot : varyingSlots[v])
+      candidate[slot] = true;
     const uint8_t bit = static_cast<uint8_t>(1u << v);
     auto other = [&](int32_t n) { return !(varyingIn[n] & bit); };
     std::vector<Step> steps;
@@ -812,9 +820,6 @@ void IntervalEvaluator::Impl::collectAffineOrders(int maskOffset) {
     for (const Step &s : varyingOrder[v]) {
       bool keep = false;
       switch (s.op) {
-      case Opcode::Argument:
-        keep = s.imm == v + maskOffset;
-        break;
       case Opcode::IndexCast: case Opcode::IndexCastUI: case Opcode::ExtSI: case Opcode::ExtUI:
         keep = candidate[s.a];
         break;
@@ -1034,6 +1039,7 @@ EvaluatorResult IntervalEvaluator::create(const expr::Program &program,
   impl->deps = computeDependencies(program);
   const auto &insts = impl->program.instructions;
   const size_t count = insts.size();
+  impl->floatResult = expr::isFloat(insts[program.result].type);
   impl->ranges.assign(count, Range{0, 0});
   impl->offsets.assign(count, 0);
   impl->affine.assign(count, false);
@@ -1106,14 +1112,18 @@ EvaluatorResult IntervalEvaluator::create(const expr::Program &program,
     impl->dependentOrder.push_back(step);
     for (int v = 0; v < 4; ++v) {
       if (arguments & (1u << (v + maskOffset))) {
-        impl->varyingOrder[v].push_back(step);
+        // The varying argument itself is written by evaluateVarying.
+        if (inst.op == Opcode::Argument)
+          impl->varyingSlots[v].push_back(static_cast<int32_t>(n));
+        else
+          impl->varyingOrder[v].push_back(step);
         impl->varyingIn[n] |= static_cast<uint8_t>(1u << v);
       }
       else
         impl->fixedOrder[v].push_back(step);
     }
   }
-  impl->collectAffineOrders(maskOffset);
+  impl->collectAffineOrders();
   impl->run(constantOrder);
   result.evaluator.reset(new IntervalEvaluator(std::move(impl)));
   return result;
@@ -1155,7 +1165,7 @@ Truth IntervalEvaluator::evaluateMask(const Box &box) {
   impl->score = FloatValue{};
   impl->run(impl->dependentOrder);
   impl->varyingArgument = -1;
-  return impl->result().truth();
+  return impl->resultTruth();
 }
 
 void IntervalEvaluator::fix(const Box &box, MaskArgument varying) {
@@ -1174,12 +1184,12 @@ Truth IntervalEvaluator::evaluateVarying(IntRange range) {
     return Truth::Both; // fix() was not called: nothing is known
   // Field by field: a 16-byte copy through the stack would stall store
   // forwarding when the first step reads it back.
-  Range &argument = impl->leadingRanges[v + (impl->program.isScoreMod ? 1 : 0)];
-  argument.lo = range.lo;
-  argument.hi = range.hi;
+  for (int32_t slot : impl->varyingSlots[v]) {
+    impl->ranges[slot].lo = range.lo;
+    impl->ranges[slot].hi = range.hi;
+  }
   impl->run(impl->varyingOrder[v]);
-  const Range &result = impl->ranges[impl->program.result];
-  return result.truth();
+  return impl->resultTruth();
 }
 
 } // namespace dflex::analysis

@@ -88,9 +88,11 @@ struct EvaluatorResult {
 };
 
 /// Abstract evaluation of one program with one set of captures. Creating it
-/// scans the captured integer tensors once; evaluations then cost about one
-/// step per live instruction. Not thread-safe: it keeps scratch state (use
-/// one evaluator per thread). Captured tensor memory must outlive it.
+/// summarises the captured integer tensors (their values are read then:
+/// later changes are not seen); evaluations then cost about one step per
+/// live instruction. Not thread-safe: it keeps scratch state (use one
+/// evaluator per thread). Captured float tensors are read during
+/// evaluation, so their memory must outlive the evaluator.
 class IntervalEvaluator {
 public:
   /// Fails, with a message, when the captures do not fit the program or the
@@ -109,7 +111,7 @@ public:
 
   /// The result over `leading` (one abstract value per leading argument).
   AbstractValue evaluate(const AbstractValue *leading);
-  /// A mask's result over `box`.
+  /// A mask's result over `box` (Both for a program yielding a float).
   Truth evaluateMask(const Box &box);
 
   /// Two-step evaluation for scanning many boxes that differ in one mask
