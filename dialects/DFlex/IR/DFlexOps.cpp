@@ -599,6 +599,9 @@ LogicalResult GatedDeltaOp::verify() {
   if (failed(verifyDim(*this, "key_dim", getKeyDim(), {64, 128})) ||
       failed(verifyDim(*this, "value_dim", getValueDim(), {64, 128})))
     return failure();
+  if (getGate() == GateKind::ChannelLog)
+    return emitOpError("gate(channel_log) is not supported: the chunked kernels "
+                       "implement gate(scalar_log) and gate(none)");
   if (getInKernelGate() && getGate() != GateKind::ScalarLog)
     return emitOpError("in_kernel_gate computes a scalar log-space gate and "
                        "requires gate(scalar_log), got gate(")

@@ -353,8 +353,13 @@ dflex.gated_delta @bad_key_dim heads(16, 32) dims(256, 128) gate(scalar_log) del
 
 // -----
 
-// expected-error@+1 {{in_kernel_gate computes a scalar log-space gate and requires gate(scalar_log), got gate(channel_log)}}
-dflex.gated_delta @bad_gate_combo heads(16, 32) dims(128, 128) gate(channel_log) in_kernel_gate : bf16
+// expected-error@+1 {{in_kernel_gate computes a scalar log-space gate and requires gate(scalar_log), got gate(none)}}
+dflex.gated_delta @bad_gate_combo heads(16, 32) dims(128, 128) gate(none) in_kernel_gate : bf16
+
+// -----
+
+// expected-error@+1 {{gate(channel_log) is not supported: the chunked kernels implement gate(scalar_log) and gate(none)}}
+dflex.gated_delta @channel_gate heads(16, 16) dims(128, 128) gate(channel_log) delta_rule : bf16
 
 // -----
 

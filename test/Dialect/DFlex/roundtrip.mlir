@@ -40,8 +40,8 @@ dflex.mask @calls(%b: index, %h: index, %q: index, %kv: index) {
 // CHECK: dflex.attention @spec mask @calls score_mod @with_attributes heads(8, 2) head_dim(64, 128) scale 1.250000e-01 : f16
 dflex.attention @spec mask @calls score_mod @with_attributes heads(8, 2) head_dim(64, 128) scale 0.125 : f16
 
-// CHECK: dflex.gated_delta @gla heads(4, 4) dims(64, 64) gate(channel_log) : bf16
-dflex.gated_delta @gla heads(4, 4) dims(64, 64) gate(channel_log) : bf16
+// CHECK: dflex.gated_delta @gla heads(4, 4) dims(64, 64) gate(scalar_log) initial_state final_state : bf16
+dflex.gated_delta @gla heads(4, 4) dims(64, 64) gate(scalar_log) initial_state final_state : bf16
 
 // CHECK: dflex.gated_delta @plain heads(2, 8) dims(128, 64) gate(none) delta_rule scale 5.000000e-01 : bf16
 dflex.gated_delta @plain heads(2, 8) dims(128, 64) gate(none) delta_rule scale 0.5 : bf16
