@@ -3,6 +3,8 @@
 # against the machine's LibTorch, runs every GPU correctness check and the
 # benchmarks, and prints a short table last. Needs the bundles made by
 # scripts/prepare_gpu.sh in .device/bundles. Logs go to $OUT (or /tmp/dflex-gpu).
+# DFLEX_SKIP_CHECKS=1 runs only the benchmarks, DFLEX_SKIP_BENCH=1 only the checks
+# (the two halves fit one device call each).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -31,16 +33,23 @@ build_runtime() {
 }
 
 step build build_runtime
-[ -d build-gpu/test ] && step runtime_tests ctest --test-dir build-gpu --output-on-failure -j 4
-step attention_kernels make -C test/gpu/attention run BUILD_DIR="$root/build-gpu-attention"
-[ -f test/gpu/gated_delta/Makefile ] &&
+[ "${DFLEX_SKIP_CHECKS:-0}" = 1 ] || [ ! -d build-gpu/test ] || step runtime_tests ctest --test-dir build-gpu --output-on-failure -j 4
+[ "${DFLEX_SKIP_CHECKS:-0}" = 1 ] || step attention_kernels make -C test/gpu/attention run BUILD_DIR="$root/build-gpu-attention"
+[ "${DFLEX_SKIP_CHECKS:-0}" = 1 ] || [ ! -f test/gpu/gated_delta/Makefile ] ||
   step gated_delta_kernels make -C test/gpu/gated_delta run BUILD_DIR="$root/build-gpu-gdn"
-[ -f test/gpu/runtime/run.sh ] && step runtime_attention bash test/gpu/runtime/run.sh build-gpu .device/bundles
-step attention_bench python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles
+[ "${DFLEX_SKIP_CHECKS:-0}" = 1 ] || [ ! -f test/gpu/runtime/run.sh ] ||
+  step runtime_attention bash test/gpu/runtime/run.sh build-gpu .device/bundles
+[ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
+  step attention_bench python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles
+# FLA's public source, fetched into a git-ignored folder for the side-by-side baseline.
+[ "${DFLEX_SKIP_BENCH:-0}" = 1 ] || [ ! -d third_party_bench/fla-src ] ||
+  step gated_delta_fla_bench python3 bench/gdn_fla_bench.py third_party_bench/fla-src
 
 echo
 echo "== tables"
 grep -h '^|' "$logs/attention_bench.log" 2>/dev/null
+grep -h '"impl": "fla"' "$logs/gated_delta_fla_bench.log" 2>/dev/null
+grep -hiE 'ms|x ' "$logs/gated_delta_kernels.log" 2>/dev/null | tail -n 8
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}"
