@@ -58,7 +58,7 @@ struct TileList {
   TileListKind kind = TileListKind::Forward;
   int64_t queryTile = 0, keyTile = 0;     // tile sizes
   int64_t queryLength = 0, keyLength = 0; // the lengths it covers
-  int64_t evaluations = 0;                // interval evaluations it took
+  int64_t evaluations = 0;                // interval evaluations it took (0: derived)
 };
 
 struct TileListResult {
