@@ -1,0 +1,428 @@
+// The DFlash drafter: its mask, forward and backward against an independent
+// PyTorch implementation (python/drafter_reference.py), checkpoints, the
+// dflex attention op as its attention, and training on a target model.
+#include "../TestSupport.h"
+
+#include "dflex/runtime/Batching.h"
+#include "dflex/runtime/Error.h"
+#include "dflex/runtime/Random.h"
+#include "dflex/runtime/SafeTensors.h"
+#include "dflex/runtime/models/Drafter.h"
+#include "dflex/runtime/models/TargetModel.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+using namespace dflex::runtime;
+using namespace dflex::runtime::models;
+using dflex::runtime::test::expectError;
+using dflex::runtime::test::TempDir;
+
+namespace {
+
+constexpr int64_t kVocab = 300, kHidden = 48, kBlockSize = 4;
+
+double relativeError(const torch::Tensor &actual, const torch::Tensor &expected) {
+  const torch::Tensor a = actual.to(torch::kDouble), e = expected.to(torch::kDouble);
+  return (a - e).abs().max().item<double>() / std::max(e.abs().max().item<double>(), 1e-30);
+}
+
+/// Three layers (full, sliding window, full), grouped heads, blocks of 4.
+DrafterConfig tinyDrafterConfig(const std::string &layerTypes = R"("full_attention", "sliding_attention", "full_attention")",
+                                int64_t heads = 4, int64_t kvHeads = 2, int64_t headDim = 16) {
+  const std::string json = R"({
+    "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+    "vocab_size": 300, "hidden_size": 48, "intermediate_size": 80,
+    "num_hidden_layers": )" + std::to_string(std::count(layerTypes.begin(), layerTypes.end(), ',') + 1) +
+                           R"(, "num_attention_heads": )" + std::to_string(heads) +
+                           R"(, "num_key_value_heads": )" + std::to_string(kvHeads) +
+                           R"(, "head_dim": )" + std::to_string(headDim) + R"(,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+    "rope_theta": 10000.0, "rope_scaling": null, "tie_word_embeddings": false,
+    "layer_types": [)" + layerTypes + R"(],
+    "use_sliding_window": true, "sliding_window": 6,
+    "block_size": 4, "num_target_layers": 6,
+    "dflash_config": {"target_layer_ids": [1, 3], "block_size": 4, "mask_token_id": 299}
+  })";
+  return parseDrafterConfig(json, "tiny drafter config");
+}
+
+/// A row of `documents` (lengths) followed by padding up to `budget`;
+/// every token in the loss mask.
+PackedRow packedRow(const std::vector<int32_t> &documents, int32_t budget, uint64_t seed) {
+  SplitMix64 random(seed);
+  PackedRow row;
+  row.documentStarts.push_back(0);
+  int32_t document = 0;
+  for (int32_t length : documents) {
+    for (int32_t t = 0; t < length; ++t) {
+      row.tokens.push_back(int32_t(random.below(kVocab - 1)));
+      row.lossMask.push_back(1);
+      row.positionIds.push_back(t);
+      row.documentIds.push_back(document);
+    }
+    row.numTokens += length;
+    row.documentStarts.push_back(row.numTokens);
+    row.sampleIndices.push_back(uint64_t(document++));
+  }
+  while (int32_t(row.tokens.size()) < budget) {
+    row.tokens.push_back(0);
+    row.lossMask.push_back(0);
+    row.positionIds.push_back(0);
+    row.documentIds.push_back(-1);
+  }
+  return row;
+}
+
+/// Two rows of 30 tokens: two documents (the second block set sees context
+/// from a later document start), and one document with padding.
+TrainingBatch tinyBatch(int64_t maxAnchors = 5) {
+  BlockOptions options;
+  options.blockSize = kBlockSize;
+  options.maxAnchors = maxAnchors;
+  options.maskTokenId = 299;
+  return makeTrainingBatch({packedRow({13, 17}, 30, 1), packedRow({21}, 30, 2)}, options, 11);
+}
+
+struct Problem {
+  TrainingBatch batch;
+  torch::Tensor features, embed, lmHead;
+};
+
+Problem tinyProblem(torch::ScalarType dtype) {
+  Problem p;
+  p.batch = tinyBatch();
+  torch::manual_seed(5);
+  p.features = torch::randn({2, 30, 2 * kHidden}, torch::kDouble).to(dtype);
+  p.embed = torch::randn({kVocab, kHidden}, torch::kDouble).to(dtype);
+  p.lmHead = (torch::randn({kVocab, kHidden}, torch::kDouble) * 0.2).to(dtype);
+  return p;
+}
+
+DrafterInputs inputsOf(const Problem &p) {
+  return drafterInputs(p.batch, p.features, torch::kCPU);
+}
+
+} // namespace
+
+TEST(DFlashMask, FollowsTheDefinition) {
+  // One row, T = 8, blocks of 2: block 0 anchored at 5 seeing context [2, 5),
+  // block 1 a padding block.
+  DFlashBlocks blocks;
+  blocks.anchors = torch::tensor({{5, 0}}, torch::kLong);
+  blocks.blockValid = torch::tensor({{true, false}});
+  blocks.contextStart = torch::tensor({{2, 0}}, torch::kLong);
+  blocks.blockSize = 2;
+  blocks.contextLength = 8;
+  const torch::Tensor full = dflashMask(blocks, std::nullopt);
+  ASSERT_EQ(full.sizes(), torch::IntArrayRef({1, 4, 12}));
+  const std::vector<std::vector<int>> expectedFull{
+      {0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0},
+      {0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0},
+      {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+      {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};
+  // Window 2: query j of block 0 sits at 5 + j and sees context c with
+  // 5 + j - c < 2, and block keys j' <= j.
+  const std::vector<std::vector<int>> expectedWindow{
+      {0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0},
+      {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0},
+      {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+      {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};
+  const torch::Tensor windowed = dflashMask(blocks, 2);
+  for (int q = 0; q < 4; ++q)
+    for (int kv = 0; kv < 12; ++kv) {
+      EXPECT_EQ(full[0][q][kv].item<bool>(), bool(expectedFull[q][kv])) << q << " " << kv;
+      EXPECT_EQ(windowed[0][q][kv].item<bool>(), bool(expectedWindow[q][kv])) << q << " " << kv;
+    }
+}
+
+namespace {
+
+/// Forward and backward of a drafter in `dtype` against the Python
+/// reference (float64) on the same saved weights and inputs.
+void expectMatchesReference(torch::ScalarType dtype, double tolerance) {
+  TempDir dir;
+  const Problem p = tinyProblem(dtype);
+  DFlashDrafter drafter(tinyDrafterConfig(), 0, 42);
+  drafter->to(dtype);
+  drafter->save(dir.file("drafter"));
+  saveSafeTensors(dir.file("inputs.safetensors"),
+                  {{"context_features", p.features},
+                   {"context_positions", p.batch.positionIds},
+                   {"block_tokens", p.batch.blockTokens},
+                   {"block_positions", p.batch.blockPositionIds},
+                   {"anchors", p.batch.anchors},
+                   {"block_valid", p.batch.blockValid},
+                   {"context_start", p.batch.contextStart},
+                   {"embed_tokens", p.embed},
+                   {"lm_head", p.lmHead},
+                   {"labels", p.batch.labels},
+                   {"weights", p.batch.weights}});
+  auto script = test::runPythonScript(
+      "drafter_reference.py", "--checkpoint \"" + dir.file("drafter") + "\" --inputs \"" +
+                                  dir.file("inputs.safetensors") + "\" --out \"" +
+                                  dir.file("reference.safetensors") + "\"");
+  ASSERT_EQ(script.exitCode, 0) << script.output;
+  const SafeTensorsFile reference = SafeTensorsFile::open(dir.file("reference.safetensors"));
+
+  drafter->setTargetWeights(p.embed, p.lmHead);
+  const torch::Tensor hidden = drafter->forward(inputsOf(p));
+  const BlockLossResult loss = drafter->loss(hidden, p.batch.labels, p.batch.weights);
+  loss.loss.backward();
+  const double hiddenError = relativeError(hidden, reference.tensor("hidden"));
+  const double lossError = relativeError(loss.loss, reference.tensor("loss"));
+  EXPECT_LE(hiddenError, tolerance);
+  EXPECT_LE(lossError, tolerance);
+  double worstGrad = 0;
+  size_t parameters = 0;
+  for (const auto &item : drafter->named_parameters()) {
+    ASSERT_TRUE(item.value().grad().defined()) << item.key();
+    const double error =
+        relativeError(item.value().grad(), reference.tensor("grad." + item.key()));
+    EXPECT_LE(error, tolerance) << item.key();
+    worstGrad = std::max(worstGrad, error);
+    ++parameters;
+  }
+  EXPECT_EQ(parameters + 2, reference.tensors().size()); // every parameter has a gradient
+  std::cout << "[ parity   ] drafter " << c10::toString(dtype) << ": hidden " << hiddenError
+            << ", loss " << lossError << ", worst gradient " << worstGrad << " over "
+            << parameters << " parameters\n";
+}
+
+} // namespace
+
+TEST(Drafter, MatchesAnIndependentImplementationInFloat64) {
+  expectMatchesReference(torch::kDouble, 1e-10);
+}
+
+TEST(Drafter, MatchesAnIndependentImplementationInFloat32) {
+  expectMatchesReference(torch::kFloat, 1e-4);
+}
+
+TEST(Drafter, CheckpointsUseThePublicTensorNames) {
+  DFlashDrafter drafter(tinyDrafterConfig(), 0, 1);
+  std::vector<std::string> names;
+  for (const auto &item : drafter->named_parameters())
+    names.push_back(item.key());
+  std::sort(names.begin(), names.end());
+  const std::vector<std::string> layer0{
+      "layers.0.input_layernorm.weight",    "layers.0.mlp.down_proj.weight",
+      "layers.0.mlp.gate_proj.weight",      "layers.0.mlp.up_proj.weight",
+      "layers.0.post_attention_layernorm.weight", "layers.0.self_attn.k_norm.weight",
+      "layers.0.self_attn.k_proj.weight",   "layers.0.self_attn.o_proj.weight",
+      "layers.0.self_attn.q_norm.weight",   "layers.0.self_attn.q_proj.weight",
+      "layers.0.self_attn.v_proj.weight"};
+  EXPECT_EQ(names.size(), 3 + 3 * layer0.size());
+  EXPECT_EQ(names[0], "fc.weight");
+  EXPECT_EQ(names[1], "hidden_norm.weight");
+  EXPECT_EQ(std::vector<std::string>(names.begin() + 2, names.begin() + 2 + layer0.size()), layer0);
+  EXPECT_EQ(names.back(), "norm.weight");
+  EXPECT_EQ(drafter->named_parameters()["fc.weight"].sizes(),
+            torch::IntArrayRef({kHidden, 2 * kHidden}));
+}
+
+TEST(Drafter, SaveAndLoadRoundTrip) {
+  TempDir dir;
+  const Problem p = tinyProblem(torch::kFloat);
+  DFlashDrafter drafter(tinyDrafterConfig(), 0, 3);
+  drafter->setTargetWeights(p.embed, p.lmHead);
+  torch::NoGradGuard noGrad;
+  const torch::Tensor expected = drafter->forward(inputsOf(p));
+
+  drafter->save(dir.file("single"));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("single/model.safetensors")));
+  DFlashDrafter single(DFlashDrafterImpl::load(dir.file("single")));
+  single->setTargetWeights(p.embed, p.lmHead);
+  EXPECT_TRUE(torch::equal(single->forward(inputsOf(p)), expected));
+  const DrafterConfig config = loadDrafterConfig(dir.file("single"));
+  EXPECT_EQ(config.dflash.targetLayerIds, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(config.dflash.maskTokenId, 299);
+  EXPECT_EQ(config.model.dtype, "float32");
+
+  drafter->save(dir.file("sharded"), std::nullopt, 20000);
+  EXPECT_TRUE(std::filesystem::exists(dir.file("sharded/model.safetensors.index.json")));
+  DFlashDrafter sharded(DFlashDrafterImpl::load(dir.file("sharded")));
+  sharded->setTargetWeights(p.embed, p.lmHead);
+  EXPECT_TRUE(torch::equal(sharded->forward(inputsOf(p)), expected));
+
+  drafter->save(dir.file("bf16"), torch::kBFloat16);
+  EXPECT_EQ(loadDrafterConfig(dir.file("bf16")).model.dtype, "bfloat16");
+  EXPECT_EQ(SafeTensorsCheckpoint::open(dir.file("bf16")).info("fc.weight").dtype,
+            torch::kBFloat16);
+  DFlashDrafter rounded(DFlashDrafterImpl::load(dir.file("bf16"), torch::kBFloat16));
+  for (const auto &item : drafter->named_parameters())
+    EXPECT_TRUE(torch::equal(rounded->named_parameters()[item.key()],
+                             item.value().to(torch::kBFloat16)))
+        << item.key();
+}
+
+TEST(Drafter, LoadRejectsIncompleteOrForeignCheckpoints) {
+  TempDir dir;
+  DFlashDrafter drafter(tinyDrafterConfig(), 0, 3);
+  drafter->save(dir.file("good"));
+  const SafeTensorsFile good = SafeTensorsFile::open(dir.file("good/model.safetensors"));
+  auto variant = [&](const std::string &name, const std::function<void(NamedTensors &)> &edit) {
+    NamedTensors tensors;
+    for (const SafeTensorInfo &info : good.tensors())
+      tensors.emplace_back(info.name, good.tensor(info.name));
+    edit(tensors);
+    std::filesystem::create_directories(dir.file(name));
+    std::filesystem::copy_file(dir.file("good/config.json"), dir.file(name + "/config.json"));
+    saveSafeTensors(dir.file(name + "/model.safetensors"), tensors);
+    return dir.file(name);
+  };
+  const std::string missing = variant("missing", [](NamedTensors &t) {
+    t.erase(std::remove_if(t.begin(), t.end(),
+                           [](const auto &item) { return item.first == "layers.2.mlp.up_proj.weight"; }),
+            t.end());
+  });
+  expectError<FormatError>([&] { DFlashDrafterImpl::load(missing); },
+                           {"missing tensor 'layers.2.mlp.up_proj.weight'"});
+  const std::string foreign = variant("foreign", [](NamedTensors &t) {
+    t.emplace_back("candidate_selector.hidden_projection.weight", torch::zeros({4, 48}));
+  });
+  expectError<FormatError>([&] { DFlashDrafterImpl::load(foreign); },
+                           {"tensors the drafter does not have: candidate_selector.hidden_projection.weight"});
+  const std::string misshapen = variant("misshapen", [](NamedTensors &t) {
+    for (auto &item : t)
+      if (item.first == "layers.1.self_attn.q_norm.weight")
+        item.second = torch::ones({8});
+  });
+  expectError<FormatError>([&] { DFlashDrafterImpl::load(misshapen); },
+                           {"'layers.1.self_attn.q_norm.weight' has shape [8]", "implies [16]"});
+  DrafterConfig withGatedDelta = tinyDrafterConfig();
+  withGatedDelta.model.layerKinds[1] = LayerKind::LinearAttention;
+  expectError<FormatError>([&] { DFlashDrafter{withGatedDelta}; },
+                           {"layer 1 is a linear-attention"});
+}
+
+TEST(Drafter, RefusesInputsOfTheWrongShape) {
+  const Problem p = tinyProblem(torch::kFloat);
+  DFlashDrafter drafter(tinyDrafterConfig(), 0, 3);
+  expectError<FormatError>([&] { drafter->forward(inputsOf(p)); }, {"setTargetWeights"});
+  drafter->setTargetWeights(p.embed, p.lmHead);
+  DrafterInputs in = inputsOf(p);
+  in.contextFeatures = in.contextFeatures.narrow(2, 0, kHidden);
+  expectError<FormatError>([&] { drafter->forward(in); }, {"context features must be [B, T, 96]"});
+  expectError<FormatError>([&] { drafter->setTargetWeights(torch::zeros({10, 7}), p.lmHead); },
+                           {"[V, 48]"});
+}
+
+// --- The dflex attention op as the drafter's attention ------------------------------
+
+TEST(Drafter, BundleAttentionMatchesDenseAttention) {
+  std::string bundles;
+  if (const char *fromEnvironment = std::getenv("DFLEX_ATTENTION_BUNDLES"))
+    bundles = fromEnvironment;
+#ifdef DFLEX_ATTENTION_BUNDLES
+  if (bundles.empty())
+    bundles = DFLEX_ATTENTION_BUNDLES;
+#endif
+  const std::string dflash = bundles + "/dflash";
+  if (bundles.empty() || !std::filesystem::exists(dflash + "/manifest.json"))
+    GTEST_SKIP() << "no example attention bundles (build dflex-compile, or set "
+                    "DFLEX_ATTENTION_BUNDLES to the bundles of examples/*.mlir)";
+  // examples/dflash.mlir: blocks of 16, 32 query and 8 key/value heads of 128.
+  DrafterConfig config = tinyDrafterConfig(R"("full_attention", "full_attention")", 32, 8, 128);
+  config.dflash.blockSize = 16;
+  BlockOptions options;
+  options.blockSize = 16;
+  options.maxAnchors = 3;
+  options.maskTokenId = 299;
+  // One document per row: the example mask has no context_start capture.
+  const TrainingBatch batch =
+      makeTrainingBatch({packedRow({40}, 40, 1), packedRow({29}, 40, 2)}, options, 5);
+  torch::manual_seed(9);
+  const torch::Tensor features = torch::randn({2, 40, 2 * kHidden}, torch::kDouble);
+  const torch::Tensor embed = torch::randn({kVocab, kHidden}, torch::kDouble);
+  const torch::Tensor lmHead = torch::randn({kVocab, kHidden}, torch::kDouble) * 0.2;
+  auto run = [&](std::shared_ptr<const DrafterAttention> attention) {
+    DFlashDrafter drafter(config, 0, 8);
+    drafter->to(torch::kDouble);
+    drafter->setTargetWeights(embed, lmHead);
+    drafter->setAttention(std::move(attention));
+    const torch::Tensor hidden = drafter->forward(drafterInputs(batch, features, torch::kCPU));
+    drafter->loss(hidden, batch.labels, batch.weights).loss.backward();
+    std::vector<torch::Tensor> results{hidden.detach()};
+    for (const auto &item : drafter->named_parameters())
+      results.push_back(item.value().grad());
+    return results;
+  };
+  const auto dense = run(std::make_shared<DenseDrafterAttention>());
+  const auto bundle =
+      run(std::make_shared<BundleDrafterAttention>(dflash, "drafter_attention"));
+  ASSERT_EQ(dense.size(), bundle.size());
+  double worst = 0;
+  for (size_t i = 0; i < dense.size(); ++i)
+    worst = std::max(worst, relativeError(bundle[i], dense[i]));
+  // Both compute in float64, but the spec holds its scale as a float32.
+  EXPECT_LE(worst, 1e-6);
+  std::cout << "[ parity   ] bundle attention against dense: worst relative error " << worst
+            << "\n";
+
+  // Packed rows need a context_start capture the example spec lacks.
+  const TrainingBatch packed = tinyBatch();
+  DFlashDrafter small(tinyDrafterConfig(R"("full_attention")", 32, 8, 128), 0, 8);
+  small->to(torch::kDouble);
+  small->setTargetWeights(embed, lmHead);
+  small->setAttention(std::make_shared<BundleDrafterAttention>(dflash, "drafter_attention"));
+  expectError<FormatError>(
+      [&] {
+        small->forward(drafterInputs(packed, torch::randn({2, 30, 2 * kHidden}, torch::kDouble),
+                                     torch::kCPU));
+      },
+      {"no context_start capture"});
+}
+
+// --- Training on a target model -------------------------------------------------------
+
+TEST(Drafter, LearnsFromATargetModel) {
+  TempDir dir;
+  auto script = test::runPythonScript(
+      "target_reference.py", "--model qwen3 --out \"" + dir.path().string() + "\"");
+  ASSERT_EQ(script.exitCode, 0) << script.output;
+  TargetModelOptions targetOptions;
+  targetOptions.dtype = torch::kFloat;
+  const TargetModel target = TargetModel::load(dir.file("model"), targetOptions);
+  const int64_t hidden = target.config().hiddenSize, vocab = target.config().vocabSize;
+
+  DrafterConfig config = tinyDrafterConfig(R"("full_attention", "sliding_attention")");
+  config.model.hiddenSize = hidden;
+  config.model.vocabSize = vocab;
+  config.dflash.targetLayerIds = {0, 1};
+  DFlashDrafter drafter(config, 0, 4);
+  drafter->setTargetWeights(target.embedTokens(), target.lmHead());
+
+  BlockOptions options;
+  options.blockSize = kBlockSize;
+  options.maxAnchors = 8;
+  options.maskTokenId = 299;
+  const TrainingBatch batch =
+      makeTrainingBatch({packedRow({24, 40}, 64, 21), packedRow({64}, 64, 22)}, options, 3);
+  TargetInputs targetInputs;
+  targetInputs.inputIds = batch.tokens;
+  targetInputs.positionIds = batch.positionIds;
+  targetInputs.cuSeqlens = batch.cuSeqlens;
+  targetInputs.captureLayers = config.dflash.targetLayerIds;
+  const torch::Tensor features =
+      concatContextFeatures(target.forward(targetInputs).hiddenStates).clone();
+  const DrafterInputs inputs = drafterInputs(batch, features, torch::kCPU);
+
+  torch::optim::Adam optimizer(drafter->parameters(), torch::optim::AdamOptions(1e-2));
+  double first = 0, last = 0;
+  for (int step = 0; step < 25; ++step) {
+    optimizer.zero_grad();
+    const BlockLossResult loss =
+        drafter->loss(drafter->forward(inputs), batch.labels, batch.weights);
+    loss.loss.backward();
+    optimizer.step();
+    (step == 0 ? first : last) = loss.loss.item<double>();
+  }
+  EXPECT_LT(last, 0.5 * first) << "loss " << first << " -> " << last;
+  std::cout << "[ training ] drafter on a Qwen3 target: loss " << first << " -> " << last
+            << " in 25 steps\n";
+}
