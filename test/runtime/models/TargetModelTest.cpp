@@ -132,6 +132,38 @@ TEST(TargetModel, StopsAfterTheLastCapturedLayer) {
                            {"capture layer 4", "outside [0, 4)"});
 }
 
+TEST(TargetModel, ReadsTheMultimodalQwen35Layout) {
+  // The released Qwen3.5 checkpoints nest the text config under text_config
+  // and the language model under model.language_model, next to vision and
+  // MTP tensors.
+  TempDir dir;
+  writeReference("qwen3_5", dir);
+  ASSERT_FALSE(HasFatalFailure());
+  TempDir multimodal;
+  test::writeBytes(multimodal.file("config.json"),
+                   R"({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                       "text_config": )" +
+                       test::readBytes(dir.file("model/config.json")) + "}");
+  const SafeTensorsCheckpoint original = SafeTensorsCheckpoint::open(dir.file("model"));
+  NamedTensors tensors{{"model.visual.patch_embed.proj.weight", torch::zeros({4, 4})},
+                       {"mtp.fc.weight", torch::zeros({4, 4})}};
+  for (const std::string &name : original.names())
+    tensors.emplace_back(name.rfind("model.", 0) == 0 ? "model.language_model." + name.substr(6)
+                                                      : name,
+                         original.tensor(name));
+  saveSafeTensors(multimodal.file("model.safetensors"), tensors);
+
+  TargetModelOptions options;
+  options.dtype = torch::kFloat;
+  TargetInputs inputs;
+  inputs.inputIds = torch::randint(0, 512, {1, 20}, torch::kLong);
+  inputs.computeLogits = true;
+  const TargetOutputs expected = TargetModel::load(dir.file("model"), options).forward(inputs);
+  const TargetOutputs out =
+      TargetModel::load(multimodal.path().string(), options).forward(inputs);
+  EXPECT_TRUE(torch::equal(out.logits, expected.logits));
+}
+
 TEST(TargetModel, RejectsMissingAndMisshapenTensors) {
   TempDir dir;
   writeReference("qwen3", dir);
