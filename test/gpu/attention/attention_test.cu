@@ -5,6 +5,9 @@
 //                head dims, GQA groups, layouts and odd lengths, against the reference
 //   --time       DFlash training shape and causal 8192: fwd and fwd+bwd medians
 //   --sweep      candidate configs on the DFlash shape (tuning)
+//   --impl portable|sm90|all  which kernels --check/--time/--sweep run (default all):
+//                the portable templates and, in builds for sm_90a (-DDFLEX_TEST_SM90,
+//                see the Makefile) on an sm_90 device, the Hopper kernels (kernels/attention/sm90)
 // Exit status 0 only when every check passes.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -24,6 +27,9 @@
 #include <vector>
 
 #include "attention/attention.cuh"
+#ifdef DFLEX_TEST_SM90
+#include "attention/sm90/attention_sm90.cuh"
+#endif
 #include "reference.h"
 #include "tile_lists.h"
 #include "variants.cuh"
@@ -169,44 +175,160 @@ struct DeviceTileList {
   }
 };
 
-template <class Config, class Variant>
-void launch_forward(const AttentionForwardParams& params, const Variant& variant) {
-  const auto kernel = dflex::kernels::attention_forward_kernel<Config, Variant>;
+// Launches kKernel with `shared_bytes` of dynamic shared memory, raising the
+// kernel's limit on its first launch.
+template <auto kKernel, class... Args>
+void launch(dim3 grid, int threads, int shared_bytes, const Args&... args) {
   static bool configured = false;
   if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
     configured = true;
   }
-  const dim3 grid(ceil_div(params.shape.q_len, Config::kBlockM), params.shape.q_heads, params.shape.batch);
-  kernel<<<grid, Config::kThreads, Config::kSharedBytes>>>(params, variant);
+  kKernel<<<grid, threads, shared_bytes>>>(args...);
   CUDA_CHECK(cudaGetLastError());
+}
+
+// Forward grid: one block per query tile, query head and batch.
+template <class Config>
+dim3 forward_grid(const AttentionShape& shape) {
+  return dim3(ceil_div(shape.q_len, Config::kBlockM), shape.q_heads, shape.batch);
+}
+
+// The three backward launches in order: preprocess (delta, zeroed dQ
+// accumulator), the main kernel kMain (one block per key tile), the dQ
+// conversion kGradQ.
+template <class Config, auto kMain, auto kGradQ, class Variant>
+void launch_backward_passes(const AttentionBackwardParams& params, const Variant& variant) {
+  const AttentionShape& shape = params.shape;
+  const int row_blocks =
+      ceil_div(static_cast<long long>(shape.batch) * shape.q_heads * shape.q_len, kRowKernelThreads / 32);
+  launch<dflex::kernels::attention_backward_preprocess_kernel<Config>>(row_blocks, kRowKernelThreads, 0, params);
+  launch<kMain>(dim3(ceil_div(shape.kv_len, Config::kBlockN), shape.kv_heads, shape.batch), Config::kThreads,
+                Config::kSharedBytes, params, variant);
+  launch<kGradQ>(row_blocks, kRowKernelThreads, 0, params);
+}
+
+template <class Config, class Variant>
+void launch_forward(const AttentionForwardParams& params, const Variant& variant) {
+  launch<dflex::kernels::attention_forward_kernel<Config, Variant>>(forward_grid<Config>(params.shape),
+                                                                    Config::kThreads, Config::kSharedBytes, params,
+                                                                    variant);
 }
 
 template <class Config, class Variant>
 void launch_backward(const AttentionBackwardParams& params, const Variant& variant) {
-  const auto kernel = dflex::kernels::attention_backward_kernel<Config, Variant>;
-  static bool configured = false;
-  if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes));
-    configured = true;
-  }
-  const AttentionShape& shape = params.shape;
-  const int row_blocks =
-      ceil_div(static_cast<long long>(shape.batch) * shape.q_heads * shape.q_len, kRowKernelThreads / 32);
-  dflex::kernels::attention_backward_preprocess_kernel<Config><<<row_blocks, kRowKernelThreads>>>(params);
-  CUDA_CHECK(cudaGetLastError());
-  const dim3 grid(ceil_div(shape.kv_len, Config::kBlockN), shape.kv_heads, shape.batch);
-  kernel<<<grid, Config::kThreads, Config::kSharedBytes>>>(params, variant);
-  CUDA_CHECK(cudaGetLastError());
-  dflex::kernels::attention_backward_grad_q_kernel<Config><<<row_blocks, kRowKernelThreads>>>(params);
-  CUDA_CHECK(cudaGetLastError());
+  launch_backward_passes<Config, dflex::kernels::attention_backward_kernel<Config, Variant>,
+                         dflex::kernels::attention_backward_grad_q_kernel<Config>>(params, variant);
 }
 
-// Device state of one problem: inputs, outputs, workspace, tile lists, params.
+std::string config_shape(int block_m, int block_n) { return std::to_string(block_m) + "x" + std::to_string(block_n); }
+
+// The kernels that run a problem. A policy names the forward and backward
+// configs (they fix the tile-list shapes) and launches the kernels.
 template <class Forward_, class Backward_>
-struct AttentionRun {
+struct PortableKernels {
   using Forward = Forward_;
   using Backward = Backward_;
+  static std::string name() { return "portable"; }
+  static std::string forward_label() {
+    return "fwd " + config_shape(Forward::kBlockM, Forward::kBlockN) + " w" + std::to_string(Forward::kWarps);
+  }
+  static std::string backward_label() {
+    return "bwd " + config_shape(Backward::kBlockM, Backward::kBlockN) + " w" + std::to_string(Backward::kWarps) +
+           " c" + std::to_string(Backward::kGradQChunk);
+  }
+  template <class Variant>
+  static void forward(const AttentionForwardParams& params, const Variant& variant) {
+    launch_forward<Forward>(params, variant);
+  }
+  template <class Variant>
+  static void backward(const AttentionBackwardParams& params, const Variant& variant) {
+    launch_backward<Backward>(params, variant);
+  }
+};
+
+#ifdef DFLEX_TEST_SM90
+using dflex::kernels::Sm90AttentionBackwardConfig;
+using dflex::kernels::Sm90AttentionConfigs;
+using dflex::kernels::Sm90AttentionForwardConfig;
+
+template <class Config, class Variant>
+void launch_forward_sm90(const AttentionForwardParams& params, const Variant& variant) {
+  launch<dflex::kernels::attention_forward_sm90_kernel<Config, Variant>>(forward_grid<Config>(params.shape),
+                                                                         Config::kThreads, Config::kSharedBytes,
+                                                                         params, variant);
+}
+
+template <class Config, class Variant>
+void launch_backward_sm90(const AttentionBackwardParams& params, const Variant& variant) {
+  launch_backward_passes<Config, dflex::kernels::attention_backward_sm90_kernel<Config, Variant>,
+                         dflex::kernels::attention_backward_grad_q_sm90_kernel<Config>>(params, variant);
+}
+
+template <class Config>
+struct IsSm90Backward : std::false_type {};
+template <class Element, int kHeadDim, int kStages>
+struct IsSm90Backward<Sm90AttentionBackwardConfig<Element, kHeadDim, kStages>> : std::true_type {};
+
+// The sm_90a forward, and the sm_90a backward where Backward is one (head
+// dims without an sm_90a backward pair the sm_90a forward with a portable one).
+template <class Forward_, class Backward_>
+struct Sm90Kernels {
+  using Forward = Forward_;
+  using Backward = Backward_;
+  static constexpr bool kSm90Backward = IsSm90Backward<Backward>::value;
+  static std::string name() { return kSm90Backward ? "sm90" : "sm90 fwd"; }
+  static std::string forward_label() {
+    return "fwd sm90 " + config_shape(Forward::kBlockM, Forward::kBlockN) + " s" + std::to_string(Forward::kStages);
+  }
+  static std::string backward_label() {
+    if constexpr (kSm90Backward) {
+      return "bwd sm90 " + config_shape(Backward::kBlockM, Backward::kBlockN) + " s" +
+             std::to_string(Backward::kStages);
+    } else {
+      return PortableKernels<Forward, Backward>::backward_label();
+    }
+  }
+  template <class Variant>
+  static void forward(const AttentionForwardParams& params, const Variant& variant) {
+    launch_forward_sm90<Forward>(params, variant);
+  }
+  template <class Variant>
+  static void backward(const AttentionBackwardParams& params, const Variant& variant) {
+    if constexpr (kSm90Backward) {
+      launch_backward_sm90<Backward>(params, variant);
+    } else {
+      launch_backward<Backward>(params, variant);
+    }
+  }
+};
+
+template <class Element, int kHeadDim, bool kHasBackward = Sm90AttentionConfigs<Element, kHeadDim>::kHasBackward>
+struct DefaultSm90Backward {
+  using Type = typename Sm90AttentionConfigs<Element, kHeadDim>::Backward;
+};
+template <class Element, int kHeadDim>
+struct DefaultSm90Backward<Element, kHeadDim, false> {
+  using Type = typename DefaultAttentionConfigs<Element, kHeadDim, 90>::Backward;
+};
+
+template <class Element, int kHeadDim>
+using DefaultSm90Kernels = Sm90Kernels<typename Sm90AttentionConfigs<Element, kHeadDim>::Forward,
+                                       typename DefaultSm90Backward<Element, kHeadDim>::Type>;
+
+// Head dims with sm_90a kernels.
+constexpr bool has_sm90_kernels(int head_dim) { return head_dim == 64 || head_dim == 128; }
+#endif
+
+// Which implementations --check, --time and --sweep run (--impl).
+bool g_run_portable = true;
+bool g_run_sm90 = true;  // also needs a sm_90a build and an sm_90 device
+
+// Device state of one problem: inputs, outputs, workspace, tile lists, params.
+template <class Kernels>
+struct AttentionRun {
+  using Forward = typename Kernels::Forward;
+  using Backward = typename Kernels::Backward;
   using Element = typename Forward::Element;
   static constexpr int kHeadDim = Forward::kHeadDim;
   static_assert(std::is_same<Element, typename Backward::Element>::value && kHeadDim == Backward::kHeadDim,
@@ -282,11 +404,11 @@ struct AttentionRun {
 
   template <class Variant>
   void forward(const Variant& variant) {
-    launch_forward<Forward>(forward_params, variant);
+    Kernels::forward(forward_params, variant);
   }
   template <class Variant>
   void backward(const Variant& variant) {
-    launch_backward<Backward>(backward_params, variant);
+    Kernels::backward(backward_params, variant);
   }
 
   AttentionOutputs download() const {
@@ -371,21 +493,18 @@ struct CaseSpec {
 int g_failures = 0;
 std::string g_filter;  // run only the cases whose name contains it
 
-// Runs with the default configs of compute capability kTarget (the kernels
-// themselves run on whatever device is present).
-template <class Element, int kHeadDim, int kTarget = 90, class Variant>
-void check_case(const CaseSpec& spec, const Variant& host_variant, const Variant& device_variant) {
-  using Configs = DefaultAttentionConfigs<Element, kHeadDim, kTarget>;
-  using Run = AttentionRun<typename Configs::Forward, typename Configs::Backward>;
-  if (spec.name.find(g_filter) == std::string::npos) return;
-  const Problem& p = spec.problem;
-  std::mt19937_64 rng(spec.seed);
-  AttentionInputs in;
-  in.q = random_values<Element>(p.q_elements(), spec.input_stddev, rng);
-  in.k = random_values<Element>(p.kv_elements(), spec.input_stddev, rng);
-  in.v = random_values<Element>(p.kv_elements(), 1.0, rng);
-  in.grad_o = random_values<Element>(p.q_elements(), 1.0, rng);
+#ifdef DFLEX_TEST_SM90
+bool g_sm90_device = false;  // the device is sm_90 (set in main)
+#endif
 
+// Runs one implementation on a prepared case (inputs and float64 reference)
+// and prints its row.
+template <class Kernels, class Variant>
+void check_kernels(const CaseSpec& spec, const AttentionInputs& in, const AttentionOutputs& ref,
+                   const Variant& host_variant, const Variant& device_variant) {
+  using Run = AttentionRun<Kernels>;
+  using Element = typename Run::Element;
+  const Problem& p = spec.problem;
   const HostTileList forward_tiles =
       build_tile_list(host_variant, TileRows::kQuery, spec.list_batches, spec.list_heads, p.q_len, p.kv_len,
                       Run::Forward::kBlockM, Run::Forward::kBlockN);
@@ -402,7 +521,6 @@ void check_case(const CaseSpec& spec, const Variant& host_variant, const Variant
     CUDA_CHECK(cudaDeviceSynchronize());
     result = run.download();
   }
-  const AttentionOutputs ref = reference_attention(p, host_variant, in);
 
   const ErrorStat o = compare(results[0].o, ref.o);
   const ErrorStat lse = compare(results[0].lse, ref.lse);
@@ -431,12 +549,42 @@ void check_case(const CaseSpec& spec, const Variant& host_variant, const Variant
     }
     return t;
   };
-  std::printf("%-28s %-4s %4d %2d %3d/%-2d %5d %5d %-4s %6lld/%-6lld %6lld | %-9s %-9s %-9s %-9s %-9s | %-3s %s\n",
-              spec.name.c_str(), element_name<Element>(), kHeadDim, p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len,
-              spec.layout == Layout::kBTHD ? "bthd" : "bhtd", forward_tiles.full_tiles, forward_tiles.partial_tiles,
-              masked_rows, cell(o), cell(lse), cell(grad_q), cell(grad_k), cell(grad_v), repeatable ? "yes" : "NO",
-              pass ? "PASS" : (violations ? "FAIL (masked rows not zero)" : "FAIL"));
+  std::printf("%-28s %-8s %-4s %4d %2d %3d/%-2d %5d %5d %-4s %6lld/%-6lld %6lld | %-9s %-9s %-9s %-9s %-9s | %-3s %s\n",
+              spec.name.c_str(), Kernels::name().c_str(), element_name<Element>(), Run::kHeadDim, p.batch, p.q_heads,
+              p.kv_heads, p.q_len, p.kv_len, spec.layout == Layout::kBTHD ? "bthd" : "bhtd", forward_tiles.full_tiles,
+              forward_tiles.partial_tiles, masked_rows, cell(o), cell(lse), cell(grad_q), cell(grad_k), cell(grad_v),
+              repeatable ? "yes" : "NO", pass ? "PASS" : (violations ? "FAIL (masked rows not zero)" : "FAIL"));
   std::fflush(stdout);
+}
+
+// One case, every selected implementation against the same float64 reference:
+// the portable kernels with the default configs of compute capability kTarget
+// (they run on whatever device is present) and, for kTarget 90, the sm_90a
+// kernels where the build, the device and the head dim allow.
+template <class Element, int kHeadDim, int kTarget = 90, class Variant>
+void check_case(const CaseSpec& spec, const Variant& host_variant, const Variant& device_variant) {
+  if (spec.name.find(g_filter) == std::string::npos) return;
+  const Problem& p = spec.problem;
+  std::mt19937_64 rng(spec.seed);
+  AttentionInputs in;
+  in.q = random_values<Element>(p.q_elements(), spec.input_stddev, rng);
+  in.k = random_values<Element>(p.kv_elements(), spec.input_stddev, rng);
+  in.v = random_values<Element>(p.kv_elements(), 1.0, rng);
+  in.grad_o = random_values<Element>(p.q_elements(), 1.0, rng);
+  const AttentionOutputs ref = reference_attention(p, host_variant, in);
+
+  if (g_run_portable) {
+    using Configs = DefaultAttentionConfigs<Element, kHeadDim, kTarget>;
+    check_kernels<PortableKernels<typename Configs::Forward, typename Configs::Backward>>(spec, in, ref, host_variant,
+                                                                                          device_variant);
+  }
+#ifdef DFLEX_TEST_SM90
+  if constexpr (kTarget == 90 && has_sm90_kernels(kHeadDim)) {
+    if (g_run_sm90 && g_sm90_device) {
+      check_kernels<DefaultSm90Kernels<Element, kHeadDim>>(spec, in, ref, host_variant, device_variant);
+    }
+  }
+#endif
 }
 
 // DFlash anchors: per batch, `blocks` sorted distinct positions drawn from
@@ -487,11 +635,13 @@ Problem square_problem(int batch, int q_heads, int kv_heads, int q_len, int kv_l
 void run_checks() {
   std::printf("Correctness: error = max|x - ref| / max|ref| against a float64 CPU reference; pass <= %.0e.\n"
               "tiles = forward list full/partial; masked = rows that see no key; '!n' = n non-finite or\n"
-              "misplaced -inf values; det = O, LSE, dK, dV bitwise equal over two runs.\n",
+              "misplaced -inf values; det = O, LSE, dK, dV bitwise equal over two runs; impl = portable\n"
+              "(default configs), sm90 (sm_90a forward and backward) or sm90 fwd (sm_90a forward, portable\n"
+              "backward: head dims without an sm_90a backward).\n",
               kTolerance);
-  std::printf("%-28s %-4s %4s %2s %6s %5s %5s %-4s %13s %6s | %-9s %-9s %-9s %-9s %-9s | %-3s %s\n", "case", "type",
-              "D", "B", "Hq/Hkv", "Tq", "Tk", "lay", "tiles f/p", "masked", "O", "LSE", "dQ", "dK", "dV", "det",
-              "result");
+  std::printf("%-28s %-8s %-4s %4s %2s %6s %5s %5s %-4s %13s %6s | %-9s %-9s %-9s %-9s %-9s | %-3s %s\n", "case",
+              "impl", "type", "D", "B", "Hq/Hkv", "Tq", "Tk", "lay", "tiles f/p", "masked", "O", "LSE", "dQ", "dK", "dV",
+              "det", "result");
   {
     CaseSpec spec{"causal", square_problem(2, 4, 4, 1000, 1000, 64)};
     check_case<__nv_bfloat16, 64>(spec, CausalVariant{}, CausalVariant{});
@@ -660,18 +810,6 @@ float median(std::vector<float> x) {
   return x[x.size() / 2];
 }
 
-template <class Config>
-std::string forward_label() {
-  return "fwd " + std::to_string(Config::kBlockM) + "x" + std::to_string(Config::kBlockN) + " w" +
-         std::to_string(Config::kWarps);
-}
-
-template <class Config>
-std::string backward_label() {
-  return "bwd " + std::to_string(Config::kBlockM) + "x" + std::to_string(Config::kBlockN) + " w" +
-         std::to_string(Config::kWarps) + " c" + std::to_string(Config::kGradQChunk);
-}
-
 // A timing problem: shape, shared inputs and the visible pair count.
 template <class Variant>
 struct TimingProblem {
@@ -702,9 +840,11 @@ TimingProblem<Variant> make_timing_problem(const std::string& name, const Proble
   return t;
 }
 
-template <class Forward, class Backward, class Variant>
-void time_configs(const TimingProblem<Variant>& t) {
-  using Run = AttentionRun<Forward, Backward>;
+template <class Kernels, class Variant>
+void time_kernels(const TimingProblem<Variant>& t) {
+  using Run = AttentionRun<Kernels>;
+  using Forward = typename Kernels::Forward;
+  using Backward = typename Kernels::Backward;
   const Problem& p = t.problem;
   const auto build_start = std::chrono::steady_clock::now();
   const HostTileList forward_tiles = build_tile_list(t.host_variant, TileRows::kQuery, t.list_batches, 1, p.q_len,
@@ -749,9 +889,9 @@ void time_configs(const TimingProblem<Variant>& t) {
   const double flop_fwd = 4.0 * p.head_dim * static_cast<double>(t.visible_pairs);
   const double empty_fraction =
       1.0 - static_cast<double>(forward_tiles.full_tiles + forward_tiles.partial_tiles) / forward_tiles.all_tiles;
-  std::printf("  %-16s %-20s fwd %6.3f ms (%3.0f TFLOP/s) | bwd %6.3f ms | fwd+bwd %6.3f ms (%3.0f TFLOP/s) | "
+  std::printf("  %-22s %-22s fwd %6.3f ms (%3.0f TFLOP/s) | bwd %6.3f ms | fwd+bwd %6.3f ms (%3.0f TFLOP/s) | "
               "fwd tiles %.1f%% empty, lists %.0f ms\n",
-              forward_label<Forward>().c_str(), backward_label<Backward>().c_str(), fwd, flop_fwd / fwd * 1e-9, bwd,
+              Kernels::forward_label().c_str(), Kernels::backward_label().c_str(), fwd, flop_fwd / fwd * 1e-9, bwd,
               total, 3.5 * flop_fwd / total * 1e-9, 100 * empty_fraction, build_ms);
   std::fflush(stdout);
 }
@@ -780,13 +920,25 @@ void print_timing_header() {
               "(4*D per pair and head forward, 3.5x that forward+backward).\n");
 }
 
-void run_timing() {
+#ifdef DFLEX_TEST_SM90
+bool sm90_selected() { return g_run_sm90 && g_sm90_device; }
+#endif
+
+// The default kernels of every selected implementation on one timing problem.
+template <class Variant>
+void time_defaults(const TimingProblem<Variant>& t) {
   using Defaults = DefaultAttentionConfigs<__nv_bfloat16, 128>;
+  if (g_run_portable) time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
+#ifdef DFLEX_TEST_SM90
+  if (sm90_selected()) time_kernels<DefaultSm90Kernels<__nv_bfloat16, 128>>(t);
+#endif
+}
+
+void run_timing() {
   print_timing_header();
-  with_dflash_timing_problem([](const auto& t) { time_configs<Defaults::Forward, Defaults::Backward>(t); });
+  with_dflash_timing_problem([](const auto& t) { time_defaults(t); });
   const Problem p{1, 32, 8, 8192, 8192, 128, 1.0 / std::sqrt(128.0)};
-  time_configs<Defaults::Forward, Defaults::Backward>(
-      make_timing_problem("causal 8192", p, 1, CausalVariant{}, CausalVariant{}));
+  time_defaults(make_timing_problem("causal 8192", p, 1, CausalVariant{}, CausalVariant{}));
 }
 
 // Candidate configs on the DFlash shape, the defaults first.
@@ -797,10 +949,22 @@ void run_sweep() {
   using Defaults = DefaultAttentionConfigs<Element, 128>;
   print_timing_header();
   with_dflash_timing_problem([](const auto& t) {
-    time_configs<Defaults::Forward, Defaults::Backward>(t);
-    time_configs<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>(t);
-    time_configs<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 128, 8, 32>>(t);
-    time_configs<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>(t);
+    if (g_run_portable) {
+      time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(t);
+      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 128, 8, 32>>>(t);
+      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>>(t);
+    }
+#ifdef DFLEX_TEST_SM90
+    if (sm90_selected()) {
+      using Sm90 = Sm90AttentionConfigs<Element, 128>;
+      time_kernels<Sm90Kernels<Sm90::Forward, Sm90::Backward>>(t);
+      time_kernels<Sm90Kernels<Sm90AttentionForwardConfig<Element, 128, 128, 3>, Sm90::Backward>>(t);
+      time_kernels<Sm90Kernels<Sm90AttentionForwardConfig<Element, 128, 64, 2>, Sm90::Backward>>(t);
+      // sm90 forward with the portable backward: isolates the two passes.
+      time_kernels<Sm90Kernels<Sm90::Forward, Defaults::Backward>>(t);
+    }
+#endif
   });
 }
 
@@ -820,10 +984,19 @@ int main(int argc, char** argv) {
       sweep = true;
     } else if (arg == "--filter" && i + 1 < argc) {
       g_filter = argv[++i];
+    } else if (arg == "--impl" && i + 1 < argc) {
+      const std::string impl = argv[++i];
+      if (impl != "portable" && impl != "sm90" && impl != "all") {
+        std::fprintf(stderr, "--impl: expected portable, sm90 or all, got '%s'\n", impl.c_str());
+        return 2;
+      }
+      g_run_portable = impl != "sm90";
+      g_run_sm90 = impl != "portable";
     } else {
       std::fprintf(stderr,
                    "usage: %s [--self-test] [--check [--filter NAME_PART]] [--time] [--sweep]\n"
-                   "  (no mode: self-test, check and time)\n",
+                   "          [--impl portable|sm90|all]\n"
+                   "  (no mode: self-test, check and time; --impl: default all)\n",
                    argv[0]);
       return 2;
     }
@@ -837,6 +1010,21 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
     std::printf("Device: %s, sm_%d%d, %d SMs\n", properties.name, properties.major, properties.minor,
                 properties.multiProcessorCount);
+#ifdef DFLEX_TEST_SM90
+    g_sm90_device = properties.major == 9 && properties.minor == 0;
+    if (g_run_sm90 && !g_sm90_device) {
+      if (!g_run_portable) {
+        std::fprintf(stderr, "--impl sm90: the device is not sm_90\n");
+        return 2;
+      }
+      std::printf("sm90 kernels: skipped (not an sm_90 device)\n");
+    }
+#else
+    if (g_run_sm90 && !g_run_portable) {
+      std::fprintf(stderr, "--impl sm90: this build has no sm_90a code (build with ARCH=sm_90a)\n");
+      return 2;
+    }
+#endif
   }
   if (check) run_checks();
   if (timing) run_timing();
