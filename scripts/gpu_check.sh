@@ -40,7 +40,7 @@ step build build_runtime
 [ "${DFLEX_SKIP_CHECKS:-0}" = 1 ] || [ ! -f test/gpu/runtime/run.sh ] ||
   step runtime_attention bash test/gpu/runtime/run.sh build-gpu .device/bundles
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
-  step attention_bench python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles
+  step attention_bench python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles ${DFLEX_BENCH_ARGS:-}
 # FLA's public source, fetched into a git-ignored folder for the side-by-side baseline.
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] || [ ! -d third_party_bench/fla-src ] ||
   step gated_delta_fla_bench python3 bench/gdn_fla_bench.py third_party_bench/fla-src
