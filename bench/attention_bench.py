@@ -113,25 +113,31 @@ def dflash_mask(b, h, q, kv):
     return torch.where(kv < CONTEXT, kv < a, (kv - CONTEXT) // BLOCK == blk)
 
 
+# One document per row: every block's context starts at 0.
+context_start = torch.zeros(1, ANCHORS, dtype=torch.int32)
 compare("dflash 8192x16384 32/8 d128", 1, 32, 8, ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK, 128,
         dflex_forward("dflash", "drafter_attention",
-                      lambda: [anchors[None], torch.tensor(CONTEXT, dtype=torch.int64)]),
+                      lambda: [anchors[None].cpu(), context_start,
+                               torch.tensor(CONTEXT, dtype=torch.int64)]),
         dflash_mask)
 
 WINDOW = 2048
 
 
 def dflash_window_mask(b, h, q, kv):
+    # Query j of block i sits at position anchor_i + j and sees the WINDOW
+    # positions up to itself (examples/dflash_sliding_window.mlir).
     blk = q // BLOCK
     a = anchors[blk]
-    ctx = (kv < a) & (kv >= a - WINDOW)
+    ctx = (kv < a) & (a + q % BLOCK - kv < WINDOW)
     own = ((kv - CONTEXT) // BLOCK == blk) & (kv - CONTEXT <= q)
     return torch.where(kv < CONTEXT, ctx, own)
 
 
 compare("dflash sliding window 2048", 1, 32, 8, ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK, 128,
         dflex_forward("dflash_sliding_window", "drafter_sliding_window_attention",
-                      lambda: [anchors[None], torch.tensor(CONTEXT, dtype=torch.int64),
+                      lambda: [anchors[None].cpu(), context_start,
+                               torch.tensor(CONTEXT, dtype=torch.int64),
                                torch.tensor(WINDOW, dtype=torch.int64)]),
         dflash_window_mask)
 
@@ -152,7 +158,8 @@ for count in (480, 500, 512):
     make = inputs(1, 32, 8, tq, tkv, 128)
     q, k, v, do = make()
     fwd = dflex_forward("dflash", "drafter_attention",
-                        lambda: [fresh[None], torch.tensor(CONTEXT, dtype=torch.int64)])
+                        lambda: [fresh[None].cpu(), torch.zeros(1, count, dtype=torch.int32),
+                                 torch.tensor(CONTEXT, dtype=torch.int64)])
     torch.cuda.synchronize()
     start = time.perf_counter()
     o = fwd(q, k, v)

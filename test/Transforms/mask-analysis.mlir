@@ -100,5 +100,5 @@ dflex.score_mod @identity(%s: f32, %b: index, %h: index, %q: index, %kv: index) 
 // DFLASH-LABEL: dflex.mask @dflash
 // DFLASH-SAME:    block_size = 16
 // DFLASH-SAME:    dflex.depends_on = ["b", "q_idx", "kv_idx"]
-// DFLASH-SAME:    dflex.uses_captures = ["anchors", "ctx_len"]
+// DFLASH-SAME:    dflex.uses_captures = ["anchors", "context_start", "ctx_len"]
 // DFLASH-NOT:     dflex.float_arith

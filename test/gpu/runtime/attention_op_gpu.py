@@ -190,7 +190,7 @@ def time_dflash(bundles, generator):
     spec = spec_attributes(bundle, case.spec)
     blocks, context = 512, 8192
     anchors = torch.randperm(context - 1, generator=generator)[:blocks].sort().values.int().view(1, -1) + 1
-    captures = [anchors, torch.tensor(context)]
+    captures = [anchors, torch.zeros_like(anchors), torch.tensor(context)]  # one document per row
     q_len, kv_len = blocks * 16, context + blocks * 16
 
     def tensor(length, heads):

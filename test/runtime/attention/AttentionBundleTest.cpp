@@ -20,8 +20,8 @@ std::filesystem::path bundles() { return DFLEX_ATTENTION_BUNDLES; }
 TEST(ExampleBundles, AllOpenWithTheirCaptures) {
   const std::map<std::string, std::vector<std::string>> expected = {
       {"causal", {}},
-      {"dflash", {"anchors", "ctx_len"}},
-      {"dflash_sliding_window", {"anchors", "ctx_len", "window"}},
+      {"dflash", {"anchors", "context_start", "ctx_len"}},
+      {"dflash_sliding_window", {"anchors", "context_start", "ctx_len", "window"}},
       {"document_mask", {"document_ids"}},
       {"relative_bias", {"bias_table"}},
       {"softcap", {}},

@@ -102,39 +102,57 @@ def _dflash_geometry(gen, size):
     return blocks, context, blocks * BLOCK + 5, context + blocks * BLOCK + 3
 
 
-def _dflash_anchor(anchors, b, q):
+def _dflash_block(anchors, context_start, b, q):
+    """The query's block, its anchor (-1 past the anchors) and its document start."""
     blocks = anchors.shape[1]
     block = q // BLOCK
     inside = block < blocks
-    return block, torch.where(inside, anchors[b, block.clamp(max=blocks - 1)], torch.tensor(-1))
+    clamped = block.clamp(max=blocks - 1)
+    anchor = torch.where(inside, anchors[b, clamped], torch.tensor(-1))
+    start = torch.where(inside, context_start[b, clamped], torch.tensor(0))
+    return block, anchor, start
+
+
+def _context_start(gen, anchors):
+    """Per block, where its anchor's document begins: 0, or a random point up to the anchor."""
+    upper = anchors.clamp(min=0).to(torch.float64)
+    starts = (torch.rand(anchors.shape, generator=gen, dtype=torch.float64) * upper).floor()
+    keep_zero = torch.rand(anchors.shape, generator=gen) < 0.5
+    return torch.where(keep_zero, torch.zeros_like(starts), starts).to(torch.int32)
 
 
 def make_dflash(gen, size):
     blocks, context, q_len, kv_len = _dflash_geometry(gen, size)
     anchors = _anchors(gen, 2, blocks, context)
+    context_start = _context_start(gen, anchors)
 
     def mask(b, h, q, kv):
-        block, anchor = _dflash_anchor(anchors, b, q)
-        sees_context = (kv < context) & (kv < anchor)
+        block, anchor, start = _dflash_block(anchors, context_start, b, q)
+        sees_context = (kv < context) & (kv < anchor) & (kv >= start)
         sees_block = (kv >= context) & (torch.div(kv - context, BLOCK, rounding_mode="floor") == block)
         return (sees_context | sees_block) & (anchor >= 0)
-    return Problem(2, q_len, kv_len, [anchors, torch.tensor(context)], mask,
+    return Problem(2, q_len, kv_len, [anchors, context_start, torch.tensor(context)], mask,
                    notes="padded blocks and queries past the anchors fully masked")
 
 
 def make_dflash_sliding_window(gen, size):
     blocks, context, q_len, kv_len = _dflash_geometry(gen, size)
     anchors = _anchors(gen, 2, blocks, context)
+    context_start = _context_start(gen, anchors)
     window = 11 if size == "small" else 128
 
     def mask(b, h, q, kv):
-        block, anchor = _dflash_anchor(anchors, b, q)
-        sees_context = (kv < context) & (kv < anchor) & (kv >= anchor - window)
-        position = kv - context
-        sees_block = ((kv >= context) & (torch.div(position, BLOCK, rounding_mode="floor") == block)
-                      & (position <= q))
+        block, anchor, start = _dflash_block(anchors, context_start, b, q)
+        offset = q % BLOCK
+        position = anchor + offset  # the query's position at inference
+        sees_context = (kv < context) & (kv < anchor) & (kv >= start) & (position - kv < window)
+        key = kv - context
+        key_offset = key % BLOCK
+        sees_block = ((kv >= context) & (torch.div(key, BLOCK, rounding_mode="floor") == block)
+                      & (key_offset <= offset) & (offset - key_offset < window))
         return (sees_context | sees_block) & (anchor >= 0)
-    return Problem(2, q_len, kv_len, [anchors, torch.tensor(context), torch.tensor(window)], mask)
+    return Problem(2, q_len, kv_len,
+                   [anchors, context_start, torch.tensor(context), torch.tensor(window)], mask)
 
 
 def make_softcap(gen, size):

@@ -83,8 +83,14 @@ void dflashCaptures(std::mt19937_64 &rng, Trial &trial, bool window) {
   trial.shape.queryLength = std::max<int64_t>(1, blocks * 16 + uniform(rng, -20, 10));
   trial.shape.keyLength = std::max<int64_t>(1, ctxLen + blocks * 16 + uniform(rng, -20, 10));
   int64_t tensorBlocks = std::max<int64_t>(1, blocks + uniform(rng, -2, 0));
-  trial.tensor(anchors(rng, trial.shape.batches, tensorBlocks, ctxLen),
-               {trial.shape.batches, tensorBlocks});
+  std::vector<int32_t> blockAnchors = anchors(rng, trial.shape.batches, tensorBlocks, ctxLen);
+  // Each block's document starts at or before its anchor (often at 0).
+  std::vector<int32_t> contextStart(blockAnchors.size(), 0);
+  for (size_t i = 0; i < blockAnchors.size(); ++i)
+    if (uniform(rng, 0, 2) == 0)
+      contextStart[i] = static_cast<int32_t>(uniform(rng, 0, std::max<int64_t>(0, blockAnchors[i])));
+  trial.tensor(blockAnchors, {trial.shape.batches, tensorBlocks});
+  trial.tensor(contextStart, {trial.shape.batches, tensorBlocks});
   trial.captures.push_back(indexScalar(ctxLen));
   if (window)
     trial.captures.push_back(indexScalar(uniform(rng, 0, 100)));

@@ -30,8 +30,10 @@ int main(int argc, char **argv) {
   for (auto &a : anchors)
     a = std::uniform_int_distribution<int32_t>(1, ctxLen - 1)(rng);
   std::sort(anchors.begin(), anchors.end());
+  std::vector<int32_t> contextStart(blocks, 0); // one document per row
   std::vector<expr::CaptureValue> captures{
       expr::CaptureValue::ofTensor(anchors.data(), expr::ScalarType::I32, {1, blocks}),
+      expr::CaptureValue::ofTensor(contextStart.data(), expr::ScalarType::I32, {1, blocks}),
       expr::CaptureValue::ofScalar(expr::Value::ofInt(ctxLen))};
   analysis::AttentionShape shape;
   shape.batches = 1;

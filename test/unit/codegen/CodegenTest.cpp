@@ -249,31 +249,35 @@ TEST(Codegen, PackVariantChecksCaptures) {
   expr::Program mask = loaded.program("dflash");
   auto layout = codegen::layoutVariant(mask, nullptr);
   ASSERT_TRUE(layout.ok());
-  std::vector<int32_t> anchors(6);
+  std::vector<int32_t> anchors(6), starts(6);
   CaptureValue tensor = CaptureValue::ofTensor(anchors.data(), ScalarType::I32, {2, 3});
+  CaptureValue startTensor = CaptureValue::ofTensor(starts.data(), ScalarType::I32, {2, 3});
   CaptureValue scalar = CaptureValue::ofScalar(Value::ofInt(100));
-  EXPECT_TRUE(codegen::packVariant(layout.value(), {{"anchors", tensor}, {"ctx_len", scalar}}).ok());
-  auto missing = codegen::packVariant(layout.value(), {{"anchors", tensor}});
+  std::vector<codegen::BoundCapture> all = {
+      {"anchors", tensor}, {"context_start", startTensor}, {"ctx_len", scalar}};
+  EXPECT_TRUE(codegen::packVariant(layout.value(), all).ok());
+  auto missing = codegen::packVariant(layout.value(), {all[0], all[1]});
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.error(), "capture 'ctx_len' is missing");
-  auto unknown = codegen::packVariant(layout.value(),
-                                      {{"anchors", tensor}, {"ctx_len", scalar}, {"window", scalar}});
+  auto unknown = codegen::packVariant(layout.value(), {all[0], all[1], all[2], {"window", scalar}});
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.error(), "no capture named 'window'");
   CaptureValue wrongType = CaptureValue::ofTensor(anchors.data(), ScalarType::I64, {2, 3});
-  auto mistyped = codegen::packVariant(layout.value(), {{"anchors", wrongType}, {"ctx_len", scalar}});
+  auto mistyped = codegen::packVariant(layout.value(), {{"anchors", wrongType}, all[1], all[2]});
   ASSERT_FALSE(mistyped.ok());
   EXPECT_EQ(mistyped.error(), "capture 'anchors' must hold i32, got i64");
-  // The bytes: pointer, sizes, strides, then the scalar.
-  auto bytes = codegen::packVariant(layout.value(), {{"anchors", tensor}, {"ctx_len", scalar}});
-  int64_t words[6];
+  // The bytes: pointer, sizes, strides of each tensor, then the scalar.
+  auto bytes = codegen::packVariant(layout.value(), all);
+  int64_t words[11];
+  ASSERT_EQ(bytes.value().size(), sizeof words);
   std::memcpy(words, bytes.value().data(), sizeof words);
   EXPECT_EQ(words[0], static_cast<int64_t>(reinterpret_cast<uintptr_t>(anchors.data())));
   EXPECT_EQ(words[1], 2);
   EXPECT_EQ(words[2], 3);
   EXPECT_EQ(words[3], 3);
   EXPECT_EQ(words[4], 1);
-  EXPECT_EQ(words[5], 100);
+  EXPECT_EQ(words[5], static_cast<int64_t>(reinterpret_cast<uintptr_t>(starts.data())));
+  EXPECT_EQ(words[10], 100);
 }
 
 } // namespace

@@ -118,20 +118,32 @@ TEST(Examples, DocumentMask) {
   }
 }
 
-/// Sorted anchors among [1, ctx_len), with the last `padded` blocks set to -1.
-std::vector<int32_t> randomAnchors(std::mt19937_64 &rng, int64_t batch, int64_t blocks,
-                                   int64_t ctxLen, int64_t padded) {
-  std::vector<int32_t> anchors(batch * blocks);
+/// A packed DFlash row layout: sorted anchors among [1, ctx_len) with the
+/// last `padded` blocks set to -1, and for each block the start of its
+/// anchor's document (documents start at random context positions).
+struct DFlashLayout {
+  std::vector<int32_t> anchors, contextStart;
+};
+
+DFlashLayout randomDFlashLayout(std::mt19937_64 &rng, int64_t batch, int64_t blocks,
+                                int64_t ctxLen, int64_t padded) {
+  DFlashLayout layout;
   for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int32_t> documentStarts = {0};
+    for (int d = 0; d < 3; ++d)
+      documentStarts.push_back(std::uniform_int_distribution<int32_t>(1, ctxLen - 1)(rng));
+    std::sort(documentStarts.begin(), documentStarts.end());
     std::vector<int32_t> row(blocks);
     for (auto &a : row)
       a = std::uniform_int_distribution<int32_t>(1, ctxLen - 1)(rng);
     std::sort(row.begin(), row.end());
-    for (int64_t i = blocks - padded; i < blocks; ++i)
-      row[i] = -1;
-    std::copy(row.begin(), row.end(), anchors.begin() + b * blocks);
+    for (int64_t i = 0; i < blocks; ++i) {
+      int32_t start = *(std::upper_bound(documentStarts.begin(), documentStarts.end(), row[i]) - 1);
+      layout.contextStart.push_back(start);
+      layout.anchors.push_back(i >= blocks - padded ? -1 : row[i]);
+    }
   }
-  return anchors;
+  return layout;
 }
 
 TEST(Examples, DFlash) {
@@ -139,9 +151,10 @@ TEST(Examples, DFlash) {
   expr::Program program = loaded.program("dflash");
   std::mt19937_64 rng(7);
   const int64_t batch = 2, blocks = 9, ctxLen = 300, blockSize = 16;
-  std::vector<int32_t> anchors = randomAnchors(rng, batch, blocks, ctxLen, 2);
+  DFlashLayout layout = randomDFlashLayout(rng, batch, blocks, ctxLen, 2);
   std::vector<CaptureValue> captures{
-      CaptureValue::ofTensor(anchors.data(), ScalarType::I32, {batch, blocks}),
+      CaptureValue::ofTensor(layout.anchors.data(), ScalarType::I32, {batch, blocks}),
+      CaptureValue::ofTensor(layout.contextStart.data(), ScalarType::I32, {batch, blocks}),
       indexScalar(ctxLen)};
   std::vector<Value> scratch;
   IndexSampler sampler{std::mt19937_64(8), batch, 4, blocks * blockSize,
@@ -150,12 +163,14 @@ TEST(Examples, DFlash) {
   for (int n = 0; n < kSamples; ++n) {
     Indices x = sampler.next();
     int64_t block = x.q / blockSize;
-    int64_t anchor = x.b < batch && block < blocks ? anchors[x.b * blocks + block] : -1;
+    bool inRange = x.b < batch && block < blocks;
+    int64_t anchor = inRange ? layout.anchors[x.b * blocks + block] : -1;
+    int64_t start = inRange ? layout.contextStart[x.b * blocks + block] : 0;
     bool expected;
     if (anchor < 0)
       expected = false;
     else if (x.kv < ctxLen)
-      expected = x.kv < anchor;
+      expected = start <= x.kv && x.kv < anchor;
     else
       expected = (x.kv - ctxLen) / blockSize == block;
     visible += expected;
@@ -169,27 +184,36 @@ TEST(Examples, DFlashSlidingWindow) {
   auto loaded = test::LoadedModule::fromFile(examplePath("dflash_sliding_window.mlir"));
   expr::Program program = loaded.program("dflash_sliding_window");
   std::mt19937_64 rng(9);
-  const int64_t batch = 2, blocks = 7, ctxLen = 400, blockSize = 16, window = 64;
-  std::vector<int32_t> anchors = randomAnchors(rng, batch, blocks, ctxLen, 1);
-  std::vector<CaptureValue> captures{
-      CaptureValue::ofTensor(anchors.data(), ScalarType::I32, {batch, blocks}),
-      indexScalar(ctxLen), indexScalar(window)};
+  const int64_t batch = 2, blocks = 7, ctxLen = 400, blockSize = 16;
+  DFlashLayout layout = randomDFlashLayout(rng, batch, blocks, ctxLen, 1);
   std::vector<Value> scratch;
-  IndexSampler sampler{std::mt19937_64(10), batch, 4, blocks * blockSize,
-                       ctxLen + blocks * blockSize};
-  for (int n = 0; n < kSamples; ++n) {
-    Indices x = sampler.next();
-    int64_t block = x.q / blockSize;
-    int64_t anchor = x.b < batch && block < blocks ? anchors[x.b * blocks + block] : -1;
-    bool expected;
-    if (anchor < 0)
-      expected = false;
-    else if (x.kv < ctxLen)
-      expected = x.kv < anchor && x.kv >= anchor - window;
-    else
-      expected = (x.kv - ctxLen) / blockSize == block && x.kv - ctxLen <= x.q;
-    ASSERT_EQ(expr::evaluateMask(program, x.b, x.h, x.q, x.kv, captures, scratch), expected)
-        << "b " << x.b << " q " << x.q << " kv " << x.kv << " anchor " << anchor;
+  for (int64_t window : {5, 64}) {
+    std::vector<CaptureValue> captures{
+        CaptureValue::ofTensor(layout.anchors.data(), ScalarType::I32, {batch, blocks}),
+        CaptureValue::ofTensor(layout.contextStart.data(), ScalarType::I32, {batch, blocks}),
+        indexScalar(ctxLen), indexScalar(window)};
+    IndexSampler sampler{std::mt19937_64(10 + window), batch, 4, blocks * blockSize,
+                         ctxLen + blocks * blockSize};
+    for (int n = 0; n < kSamples; ++n) {
+      Indices x = sampler.next();
+      int64_t block = x.q / blockSize, offset = x.q % blockSize;
+      bool inRange = x.b < batch && block < blocks;
+      int64_t anchor = inRange ? layout.anchors[x.b * blocks + block] : -1;
+      int64_t start = inRange ? layout.contextStart[x.b * blocks + block] : 0;
+      int64_t position = anchor + offset; // the query's position at inference
+      bool expected;
+      if (anchor < 0) {
+        expected = false;
+      } else if (x.kv < ctxLen) {
+        expected = start <= x.kv && x.kv < anchor && position - x.kv < window;
+      } else {
+        int64_t keyBlock = (x.kv - ctxLen) / blockSize, keyOffset = (x.kv - ctxLen) % blockSize;
+        expected = keyBlock == block && keyOffset <= offset && offset - keyOffset < window;
+      }
+      ASSERT_EQ(expr::evaluateMask(program, x.b, x.h, x.q, x.kv, captures, scratch), expected)
+          << "window " << window << " b " << x.b << " q " << x.q << " kv " << x.kv
+          << " anchor " << anchor;
+    }
   }
 }
 

@@ -192,12 +192,14 @@ TEST(Semantics, CaptureChecks) {
   auto loaded = test::LoadedModule::fromFile(std::string(DFLEX_EXAMPLES_DIR) + "/dflash.mlir");
   expr::Program program = loaded.program("dflash");
   std::vector<int64_t> wrongType(4);
+  std::vector<int32_t> starts(4);
   std::string error = expr::checkCaptures(
       program, {CaptureValue::ofTensor(wrongType.data(), ScalarType::I64, {2, 2}),
+                CaptureValue::ofTensor(starts.data(), ScalarType::I32, {2, 2}),
                 CaptureValue::ofScalar(Value::ofInt(1))});
   EXPECT_NE(error.find("'anchors' must hold i32"), std::string::npos) << error;
   error = expr::checkCaptures(program, {});
-  EXPECT_NE(error.find("takes 2 captures"), std::string::npos) << error;
+  EXPECT_NE(error.find("takes 3 captures"), std::string::npos) << error;
 }
 
 } // namespace
