@@ -4,7 +4,7 @@
 // in-kernel gate, and element access at mma accumulator positions.
 #pragma once
 
-#include "params.cuh"
+#include "config.cuh"
 
 namespace dflex {
 namespace kernels {

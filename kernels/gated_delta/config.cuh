@@ -6,13 +6,12 @@
 #pragma once
 
 #include "../common/mma.cuh"
+#include "params.cuh"
 
 namespace dflex {
 namespace kernels {
 
 enum class GateKind { kNone, kScalarLog, kChannelLog };
-
-constexpr int kGatedDeltaChunk = 64;  // tokens per chunk (the WY / UT block)
 
 __host__ __device__ constexpr int align_up_128(int bytes) { return (bytes + 127) / 128 * 128; }
 

@@ -10,12 +10,18 @@
 // Gates g (fp32), beta, a, b (bf16) are [T, Hv] with their own row strides;
 // A_log, dt_bias (fp32) are [Hv]. States are fp32 [N, Hv, Dk, Dv], contiguous.
 // Gradients of gate inputs are fp32 [T, Hv] contiguous.
+//
+// Host code includes this header on its own (the runtime's launcher, after
+// <cuda_runtime_api.h> for __host__ / __device__): it needs nothing from the
+// device-side headers.
 #pragma once
 
-#include "config.cuh"
+#include <cuda_bf16.h>
 
 namespace dflex {
 namespace kernels {
+
+constexpr int kGatedDeltaChunk = 64;  // tokens per chunk (the WY / UT block)
 
 // Buffers the launcher provides (sizes in gated_delta_workspace_bytes). The
 // forward fills the first group; the backward reads it (keep it between the
@@ -108,30 +114,41 @@ struct GatedDeltaWorkspaceSizes {
   long long grad_delta, chunk_state_grads, grad_q_accum, grad_k_accum, gate_param_partials;
 };
 
+// The sizes for the configuration's key/value dims and options, given by
+// value (host code that does not instantiate GatedDeltaConfig).
+__host__ __device__ inline GatedDeltaWorkspaceSizes gated_delta_workspace_sizes(int key_dim, int value_dim, bool delta_rule,
+                                                                               bool in_kernel_gate, bool varlen,
+                                                                               int num_sequences, int total_tokens,
+                                                                               int key_heads, int value_heads,
+                                                                               int max_chunks) {
+  const long long t = total_tokens, hv = value_heads, chunks = max_chunks, chunk = kGatedDeltaChunk;
+  const long long state = static_cast<long long>(key_dim) * value_dim;
+  const bool grouped = value_heads != key_heads;
+  GatedDeltaWorkspaceSizes s;
+  s.chunk_offsets = varlen ? (num_sequences + 1) * 4LL : 0;
+  s.chunk_sequence = varlen ? chunks * 4 : 0;
+  s.gate_cumsum = t * hv * 4;
+  s.beta = delta_rule ? t * hv * 4 : 0;
+  s.w = delta_rule ? t * hv * key_dim * 2 : 0;
+  s.u = delta_rule ? t * hv * value_dim * 2 : 0;
+  s.decayed_k = t * hv * key_dim * 2;
+  s.delta = delta_rule ? t * hv * value_dim * 2 : 0;
+  s.t_inverse = delta_rule ? chunks * hv * chunk * chunk * 2 : 0;
+  s.chunk_states = chunks * hv * state * 2;
+  s.grad_delta = t * hv * value_dim * 2;
+  s.chunk_state_grads = chunks * hv * state * 2;
+  s.grad_q_accum = grouped ? t * key_heads * key_dim * 4 : 0;
+  s.grad_k_accum = s.grad_q_accum;
+  s.gate_param_partials = in_kernel_gate ? chunks * hv * 2 * 4 : 0;
+  return s;
+}
+
 template <class Config>
 __host__ __device__ inline GatedDeltaWorkspaceSizes gated_delta_workspace_sizes(int num_sequences, int total_tokens,
                                                                                int key_heads, int value_heads,
                                                                                int max_chunks) {
-  const long long t = total_tokens, hv = value_heads, chunks = max_chunks;
-  const long long state = static_cast<long long>(Config::kKeyDim) * Config::kValueDim;
-  const bool grouped = value_heads != key_heads;
-  GatedDeltaWorkspaceSizes s;
-  s.chunk_offsets = Config::kVarlen ? (num_sequences + 1) * 4LL : 0;
-  s.chunk_sequence = Config::kVarlen ? chunks * 4 : 0;
-  s.gate_cumsum = t * hv * 4;
-  s.beta = Config::kDeltaRule ? t * hv * 4 : 0;
-  s.w = Config::kDeltaRule ? t * hv * Config::kKeyDim * 2 : 0;
-  s.u = Config::kDeltaRule ? t * hv * Config::kValueDim * 2 : 0;
-  s.decayed_k = t * hv * Config::kKeyDim * 2;
-  s.delta = Config::kDeltaRule ? t * hv * Config::kValueDim * 2 : 0;
-  s.t_inverse = Config::kDeltaRule ? chunks * hv * Config::kChunk * Config::kChunk * 2 : 0;
-  s.chunk_states = chunks * hv * state * 2;
-  s.grad_delta = t * hv * Config::kValueDim * 2;
-  s.chunk_state_grads = chunks * hv * state * 2;
-  s.grad_q_accum = grouped ? t * key_heads * Config::kKeyDim * 4 : 0;
-  s.grad_k_accum = s.grad_q_accum;
-  s.gate_param_partials = Config::kInKernelGate ? chunks * hv * 2 * 4 : 0;
-  return s;
+  return gated_delta_workspace_sizes(Config::kKeyDim, Config::kValueDim, Config::kDeltaRule, Config::kInKernelGate,
+                                     Config::kVarlen, num_sequences, total_tokens, key_heads, value_heads, max_chunks);
 }
 
 }  // namespace kernels

@@ -33,10 +33,10 @@ Result<GeneratedModule> generateGatedDelta(const GatedDeltaSpec &spec,
          << flag(spec.finalState) << ", /*varlen=*/" << flag(spec.varlen) << ">;\n"
          << "} // namespace dflex_generated\n\n"
          << "// Launch constants, read back from the compiled module.\n"
-         << "extern \"C\" __device__ const int dflex_gated_delta_launch[11] = {\n"
+         << "extern \"C\" __device__ const int dflex_gated_delta_launch[12] = {\n"
          << "    dflex_generated::Config::kThreads, dflex_generated::Config::kChunkBackwardThreads,\n"
          << "    ::dflex::kernels::kChunkTableThreads, ::dflex::kernels::kFinalizeThreads,\n"
-         << "    ::dflex::kernels::kGatedDeltaChunk,\n"
+         << "    ::dflex::kernels::kGatedDeltaChunk, dflex_generated::Config::kValueBlock,\n"
          << "    dflex_generated::Config::ForwardPrepare::kBytes,\n"
          << "    dflex_generated::Config::ForwardState::kBytes,\n"
          << "    dflex_generated::Config::ForwardOutput::kBytes,\n"
@@ -63,7 +63,7 @@ Result<GeneratedModule> generateGatedDelta(const GatedDeltaSpec &spec,
   module.launchConstants = {
       {"dflex_gated_delta_launch",
        {"threads", "chunk_backward_threads", "chunk_table_threads", "finalize_threads", "chunk",
-        "forward_prepare_shared_bytes", "forward_state_shared_bytes",
+        "value_block", "forward_prepare_shared_bytes", "forward_state_shared_bytes",
         "forward_output_shared_bytes", "backward_prepare_shared_bytes",
         "backward_state_shared_bytes", "backward_chunk_shared_bytes"}},
   };
