@@ -333,14 +333,11 @@ TEST(Drafter, BundleAttentionMatchesDenseAttention) {
   options.blockSize = 16;
   options.maxAnchors = 3;
   options.maskTokenId = 299;
-  // One document per row: the example mask has no context_start capture.
-  const TrainingBatch batch =
-      makeTrainingBatch({packedRow({40}, 40, 1), packedRow({29}, 40, 2)}, options, 5);
   torch::manual_seed(9);
   const torch::Tensor features = torch::randn({2, 40, 2 * kHidden}, torch::kDouble);
   const torch::Tensor embed = torch::randn({kVocab, kHidden}, torch::kDouble);
   const torch::Tensor lmHead = torch::randn({kVocab, kHidden}, torch::kDouble) * 0.2;
-  auto run = [&](std::shared_ptr<const DrafterAttention> attention) {
+  auto run = [&](const TrainingBatch &batch, std::shared_ptr<const DrafterAttention> attention) {
     DFlashDrafter drafter(config, 0, 8);
     drafter->to(torch::kDouble);
     drafter->setTargetWeights(embed, lmHead);
@@ -352,30 +349,28 @@ TEST(Drafter, BundleAttentionMatchesDenseAttention) {
       results.push_back(item.value().grad());
     return results;
   };
-  const auto dense = run(std::make_shared<DenseDrafterAttention>());
-  const auto bundle =
-      run(std::make_shared<BundleDrafterAttention>(dflash, "drafter_attention"));
-  ASSERT_EQ(dense.size(), bundle.size());
-  double worst = 0;
-  for (size_t i = 0; i < dense.size(); ++i)
-    worst = std::max(worst, relativeError(bundle[i], dense[i]));
-  // Both compute in float64, but the spec holds its scale as a float32.
-  EXPECT_LE(worst, 1e-6);
-  std::cout << "[ parity   ] bundle attention against dense: worst relative error " << worst
-            << "\n";
-
-  // Packed rows need a context_start capture the example spec lacks.
-  const TrainingBatch packed = tinyBatch();
-  DFlashDrafter small(tinyDrafterConfig(R"("full_attention")", 32, 8, 128), 0, 8);
-  small->to(torch::kDouble);
-  small->setTargetWeights(embed, lmHead);
-  small->setAttention(std::make_shared<BundleDrafterAttention>(dflash, "drafter_attention"));
-  expectError<FormatError>(
-      [&] {
-        small->forward(drafterInputs(packed, torch::randn({2, 30, 2 * kHidden}, torch::kDouble),
-                                     torch::kCPU));
-      },
-      {"no context_start capture"});
+  // One document per row, then rows packed with several documents (the
+  // mask's context_start keeps each block inside its anchor's document).
+  for (const auto &[what, batch] :
+       {std::pair<const char *, TrainingBatch>{
+            "one document per row",
+            makeTrainingBatch({packedRow({40}, 40, 1), packedRow({29}, 40, 2)}, options, 5)},
+        {"packed rows",
+         makeTrainingBatch({packedRow({17, 23}, 40, 3), packedRow({11, 9, 20}, 40, 4)}, options,
+                           6)}}) {
+    SCOPED_TRACE(what);
+    const auto dense = run(batch, std::make_shared<DenseDrafterAttention>());
+    const auto bundle =
+        run(batch, std::make_shared<BundleDrafterAttention>(dflash, "drafter_attention"));
+    ASSERT_EQ(dense.size(), bundle.size());
+    double worst = 0;
+    for (size_t i = 0; i < dense.size(); ++i)
+      worst = std::max(worst, relativeError(bundle[i], dense[i]));
+    // Both compute in float64, but the spec holds its scale as a float32.
+    EXPECT_LE(worst, 1e-6);
+    std::cout << "[ parity   ] bundle attention against dense, " << what
+              << ": worst relative error " << worst << "\n";
+  }
 }
 
 // --- Training on a target model -------------------------------------------------------
