@@ -25,26 +25,12 @@ import fla.ops.common.chunk_o as chunk_o
 chunk_o.IS_NVIDIA_HOPPER = False  # timing only, see above
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
+from timing import median_ms
+
 SHAPES = [(1, 16384, 16), (1, 32768, 32), (8, 2048, 16)]
 if "--all" not in sys.argv:
     SHAPES = SHAPES[:1]
 dev, d = "cuda", 128
-
-
-def bench(fn, iters=20, warm=3):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
 
 
 for batch, length, heads in SHAPES:
@@ -68,5 +54,5 @@ for batch, length, heads in SHAPES:
     torch.cuda.synchronize()
     first = time.time() - start
     row = dict(impl="fla", B=batch, T=length, H=heads, first_call_s=round(first, 1),
-               fwd_ms=round(bench(forward), 3), fwdbwd_ms=round(bench(forward_backward), 3))
+               fwd_ms=round(median_ms(forward, iters=20), 3), fwdbwd_ms=round(median_ms(forward_backward, iters=20), 3))
     print(json.dumps(row), flush=True)
