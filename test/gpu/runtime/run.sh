@@ -15,3 +15,4 @@ fi
 ninja -C "$build" dflex_torch_ops
 PYTHONUNBUFFERED=1 python3 test/gpu/runtime/attention_op_gpu.py \
   --library "$build/runtime/libdflex_torch_ops.so" --bundles "$bundles"
+bash test/gpu/runtime/gated_delta.sh "$build" "$bundles"

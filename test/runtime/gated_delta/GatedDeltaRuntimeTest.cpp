@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 
 using namespace dflex;
@@ -653,6 +654,43 @@ TEST_F(GatedDeltaReference, ModelHookRejectsSpecsThatCannotServe) {
   writeBundle(other.path().string(), [](JsonValue &m) { moduleNamed(m, "model")["spec"]["scale"] = 0.5; });
   expectError<FormatError>([&] { gatedDeltaHook(other.path().string(), "model"); },
                            {"1/sqrt(key_dim) = 0.125", "the spec by 0.5"});
+}
+
+// --- On a GPU ---------------------------------------------------------------------
+// Skipped without a CUDA device or without DFLEX_GATED_DELTA_BUNDLES, a folder
+// holding gated_delta_specs/ compiled for the device (test/gpu/runtime/gated_delta.sh).
+
+TEST(GatedDeltaCuda, ModelHookMatchesTheModelsRule) {
+  const char *bundles = std::getenv("DFLEX_GATED_DELTA_BUNDLES");
+  if (!torch::cuda::is_available() || bundles == nullptr)
+    GTEST_SKIP() << "needs a CUDA device and DFLEX_GATED_DELTA_BUNDLES";
+  // gdn_grouped_varlen serves a layer of 2 key heads, 4 value heads, dims 64.
+  const models::GatedDeltaFn hook = gatedDeltaHook(std::string(bundles) + "/gated_delta_specs", "gdn_grouped_varlen");
+  torch::manual_seed(3);
+  const int64_t batch = 2, length = 150, keyWidth = 2 * 64;
+  const auto cuda = torch::TensorOptions(torch::kCUDA);
+  // q, k, v as the model slices them from one convolved projection.
+  const Tensor mixed = torch::randn({batch, length, 2 * keyWidth + 4 * 64}, cuda).to(torch::kBFloat16);
+  const Tensor q = mixed.narrow(-1, 0, keyWidth).view({batch, length, 2, 64});
+  const Tensor k = mixed.narrow(-1, keyWidth, keyWidth).view({batch, length, 2, 64});
+  const Tensor v = mixed.narrow(-1, 2 * keyWidth, 4 * 64).view({batch, length, 4, 64});
+  const Tensor g = torch::log_sigmoid(torch::randn({batch, length, 4}, cuda) + 2);
+  const Tensor beta = torch::sigmoid(torch::randn({batch, length, 4}, cuda)).to(torch::kBFloat16);
+  const Tensor cu = torch::tensor({0, 40, 150, 151, 300}, torch::kInt);
+  auto wide = [](const Tensor &t) { return t.cpu().to(torch::kDouble); };
+  for (bool packed : {false, true}) {
+    auto layoutOn = [&](torch::Device device) {
+      return packed ? models::TokenLayout::packed(cu, batch, length, device)
+                    : models::TokenLayout::rows(batch, length, device);
+    };
+    const models::TokenLayout layout = layoutOn(torch::kCUDA);
+    const Tensor got = hook({q, k, v, g, beta, layout});
+    EXPECT_TRUE(got.is_cuda());
+    EXPECT_EQ(got.scalar_type(), torch::kBFloat16);
+    // The model's own rule in float64 on the CPU, on the same values.
+    const Tensor want = models::gatedDeltaRule(wide(q), wide(k), wide(v), wide(g), wide(beta), layoutOn(torch::kCPU));
+    EXPECT_LT(relativeError(got.cpu(), want), 1e-2) << (packed ? "packed rows" : "one sequence per row");
+  }
 }
 
 } // namespace
