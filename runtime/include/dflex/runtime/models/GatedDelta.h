@@ -1,7 +1,8 @@
 // The gated delta rule of Qwen3.5's linear-attention layers, in plain
 // LibTorch (any device): the chunked (UT-transform) algorithm, and the short
-// causal depthwise convolution in front of it. A future dflex gated-delta op
-// replaces gatedDeltaRule on the GPU through TargetModelOptions::gatedDelta.
+// causal depthwise convolution in front of it. On the GPU the dflex
+// gated-delta op replaces gatedDeltaRule through TargetModelOptions::gatedDelta
+// (dflex::runtime::gatedDeltaHook, dflex/runtime/GatedDelta.h).
 //
 // Per value head, with the state S [Dk, Dv] in float32:
 //   S_t = exp(g_t) S_{t-1};  u_t = beta_t (v_t - S_t^T k_t);
