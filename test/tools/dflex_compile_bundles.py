@@ -3,7 +3,12 @@
 
 usage: dflex_compile_bundles.py DFLEX_COMPILE EXAMPLES_DIR
 
-- every example compiles for sm_90 and sm_120 into a bundle with cubins for both;
+- every example compiles for the default archs (sm_90a and sm_120) into a bundle with
+  cubins for both; each arch's binary has exactly its kernels: the portable ones
+  everywhere, the Hopper (wgmma) ones only in sm_90a (a forward for head_dim 64 and 128,
+  a backward for 128), with their launch constants;
+- without sm_90a (sm_90 + sm_120) the bundle has no Hopper kernels or constants; a
+  compute_90a (PTX only) target has them;
 - a second compile is all cache hits, at least 10x faster, and byte-identical;
 - a truncated, flipped, wrongly keyed or empty cache entry is quarantined with a
   warning and rebuilt, and the bundle stays identical;
@@ -32,7 +37,22 @@ def check(condition, message):
         print("FAIL", message)
 
 
-def compile_bundle(tool, source, out, cache, archs=("sm_90", "sm_120")):
+DEFAULT_ARCHS = ["sm_90a", "sm_120"]
+PORTABLE_ROLES = {"attention_forward", "attention_backward_preprocess", "attention_backward",
+                  "attention_backward_grad_q", "tile_classify"}
+SM90_FORWARD_ROLES = {"attention_forward_sm90"}
+SM90_BACKWARD_ROLES = {"attention_backward_preprocess_sm90", "attention_backward_sm90",
+                       "attention_backward_grad_q_sm90"}
+# Launch constants of the Hopper kernels (docs/kernels.md): threads, dynamic shared
+# bytes, tiles.
+SM90_FORWARD_LAUNCH = {64: {"threads": 384, "shared_bytes": 83000, "block_m": 128, "block_n": 128},
+                       128: {"threads": 384, "shared_bytes": 164920, "block_m": 128, "block_n": 128}}
+SM90_BACKWARD_LAUNCH = {128: {"threads": 384, "shared_bytes": 231464, "block_m": 64, "block_n": 128,
+                              "row_kernel_threads": 256}}
+
+
+def compile_bundle(tool, source, out, cache, archs=()):
+    """Compiles with the given archs, or dflex-compile's defaults."""
     args = [tool, source, "-o", out, "--cache-dir", cache]
     for arch in archs:
         args += ["--arch", arch]
@@ -54,25 +74,64 @@ def bundle_files(directory):
     return files
 
 
-def check_bundle(directory, label):
+def expected_roles(arch, head_dim):
+    """The kernel roles a binary for `arch` must have for a spec of `head_dim`."""
+    if arch not in ("sm_90a", "compute_90a"):
+        return PORTABLE_ROLES
+    return (PORTABLE_ROLES | (SM90_FORWARD_ROLES if head_dim in (64, 128) else set())
+            | (SM90_BACKWARD_ROLES if head_dim == 128 else set()))
+
+
+def check_bundle(directory, label, archs=DEFAULT_ARCHS):
     manifest = json.loads(open(os.path.join(directory, "manifest.json")).read())
-    check(manifest["archs"] == ["sm_90", "sm_120"], f"{label}: archs {manifest['archs']}")
+    check(manifest["archs"] == archs, f"{label}: archs {manifest['archs']}")
     for module in manifest["modules"]:
-        for arch in ("sm_90", "sm_120"):
+        for arch in archs:
             binary = module["binaries"].get(arch)
             check(binary is not None, f"{label}: no {arch} binary for {module['name']}")
             if not binary:
                 continue
-            cubin = open(os.path.join(directory, binary["cubin"]), "rb").read()
-            check(cubin[:4] == b"\x7fELF", f"{label}: {arch} cubin is not ELF")
-            check(hashlib.sha256(cubin).hexdigest() == binary["cubin_sha256"],
-                  f"{label}: {arch} cubin digest")
             ptx = open(os.path.join(directory, binary["ptx"]), encoding="utf-8").read()
-            check(f".target {arch}" in ptx, f"{label}: {arch} PTX target")
+            check(f".target {arch.replace('compute_', 'sm_')}" in ptx, f"{label}: {arch} PTX target")
+            if arch.startswith("sm_"):
+                cubin = open(os.path.join(directory, binary["cubin"]), "rb").read()
+                check(cubin[:4] == b"\x7fELF", f"{label}: {arch} cubin is not ELF")
+                check(hashlib.sha256(cubin).hexdigest() == binary["cubin_sha256"],
+                      f"{label}: {arch} cubin digest")
+            if module["kind"] != "attention":
+                continue
+            # Exactly the kernels this arch builds, each with its lowered name.
+            head_dim = module["spec"]["qk_head_dim"]
+            roles = {k["role"] for k in module["kernels"] if arch in k["archs"]}
+            check(roles == expected_roles(arch, head_dim),
+                  f"{label}: {arch} has kernels {sorted(roles)}, expected "
+                  f"{sorted(expected_roles(arch, head_dim))}")
+            check(("wgmma.mma_async" in ptx) == bool(roles & SM90_FORWARD_ROLES),
+                  f"{label}: {arch} PTX and its wgmma kernels disagree")
         for kernel in module["kernels"]:
-            for arch in ("sm_90", "sm_120"):
-                check(kernel["archs"][arch]["lowered_name"].startswith("_Z"),
+            hopper = kernel["role"].endswith("_sm90")
+            check(kernel.get("required_target") == ("sm_90a" if hopper else None),
+                  f"{label}: {kernel['role']} required_target {kernel.get('required_target')}")
+            if not hopper:
+                check(sorted(kernel["archs"]) == sorted(archs),
+                      f"{label}: {kernel['role']} is in {sorted(kernel['archs'])}, not every arch")
+            for arch, entry in kernel["archs"].items():
+                check(entry["lowered_name"].startswith("_Z"),
                       f"{label}: {kernel['role']} has no lowered name on {arch}")
+        if module["kind"] != "attention":
+            continue
+        head_dim = module["spec"]["qk_head_dim"]
+        roles = {k["role"] for k in module["kernels"]}
+        launch = module["launch"]
+        for symbol, role_set, expected in (
+                ("dflex_forward_sm90_launch", SM90_FORWARD_ROLES, SM90_FORWARD_LAUNCH),
+                ("dflex_backward_sm90_launch", SM90_BACKWARD_ROLES, SM90_BACKWARD_LAUNCH)):
+            if role_set <= roles:
+                check(launch.get(symbol) == expected.get(head_dim),
+                      f"{label}: {symbol} {launch.get(symbol)}, expected {expected.get(head_dim)}")
+            else:
+                check(symbol not in launch and not role_set & roles,
+                      f"{label}: {symbol} or its kernels without the whole set")
     return manifest
 
 
@@ -118,8 +177,16 @@ def main():
         print(f"cold {cold_total:.2f} s, warm {warm_total:.2f} s, speed-up {cold_total / warm_total:.0f}x")
         check(cold_total >= 10 * warm_total, "warm compiles are not 10x faster")
 
-        # Faults in the cache entries of one example.
+        # Without sm_90a no Hopper kernel is built or listed; compute_90a (PTX only) has them.
         source = os.path.join(examples, "dflash.mlir")
+        for archs in (["sm_90", "sm_120"], ["compute_90a"]):
+            out = os.path.join(work, "archs-" + "-".join(archs))
+            run, _ = compile_bundle(tool, source, out, cache, archs)
+            check(run.returncode == 0, f"dflash for {archs}: compile failed: {run.stderr}")
+            if run.returncode == 0:
+                check_bundle(out, f"dflash for {archs}", archs)
+
+        # Faults in the cache entries of one example.
         entries_dir = next(root for root, _, names in os.walk(cache) if root.endswith("entries"))
 
         def entries():
@@ -173,8 +240,7 @@ def main():
         shared = os.path.join(work, "shared-cache")
         processes = []
         for i in range(8):
-            args = [tool, source, "-o", os.path.join(work, f"concurrent-{i}"), "--cache-dir", shared,
-                    "--arch", "sm_90", "--arch", "sm_120"]
+            args = [tool, source, "-o", os.path.join(work, f"concurrent-{i}"), "--cache-dir", shared]
             processes.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         misses = 0
         for i, process in enumerate(processes):

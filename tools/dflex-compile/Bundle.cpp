@@ -145,8 +145,13 @@ Status writeBundle(const std::string &directory, const std::string &sourcePath,
       JsonValue k = JsonValue::object();
       k["role"] = kernel.role;
       k["name_expression"] = kernel.nameExpression;
+      if (!kernel.requiredTarget.empty())
+        k["required_target"] = kernel.requiredTarget;
+      // The archs whose binaries have the kernel.
       JsonValue perArch = JsonValue::object();
       for (const compile::ArchBinary &binary : module.binaries) {
+        if (!codegen::buildsFor(kernel.requiredTarget, binary.arch))
+          continue;
         JsonValue a = JsonValue::object();
         std::string lowered = binary.loweredName(kernel.nameExpression);
         a["lowered_name"] = lowered;

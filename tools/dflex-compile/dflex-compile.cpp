@@ -1,6 +1,6 @@
 //===- dflex-compile.cpp - ahead-of-time kernel compiler ------------------===//
 //
-// dflex-compile FILE.mlir --arch sm_90 --arch sm_120 -o BUNDLE_DIR
+// dflex-compile FILE.mlir --arch sm_90a --arch sm_120 -o BUNDLE_DIR
 //
 // Parses and verifies FILE, generates the kernels of every dflex.attention
 // spec, compiles them with NVRTC for each arch through the kernel cache, and
@@ -47,8 +47,8 @@ namespace {
 llvm::cl::opt<std::string> inputFilename(llvm::cl::Positional, llvm::cl::Required,
                                          llvm::cl::desc("<input .mlir>"));
 llvm::cl::list<std::string> archs(
-    "arch", llvm::cl::desc("target architecture, repeatable (sm_90, sm_120, sm_90a, "
-                           "compute_90, ...); default: sm_90 and sm_120"));
+    "arch", llvm::cl::desc("target architecture, repeatable (sm_90a, sm_120, sm_90, "
+                           "compute_90, ...); default: sm_90a and sm_120"));
 llvm::cl::opt<std::string> outputDir("o", llvm::cl::desc("bundle directory to write"),
                                      llvm::cl::value_desc("dir"));
 llvm::cl::opt<bool> emitCuda("emit-cuda",
@@ -171,6 +171,10 @@ std::optional<std::pair<std::string, std::string>> sharedBytesConstant(StringRef
     return std::make_pair("dflex_forward_launch", "shared_bytes");
   if (role == "attention_backward")
     return std::make_pair("dflex_backward_launch", "shared_bytes");
+  if (role == "attention_forward_sm90")
+    return std::make_pair("dflex_forward_sm90_launch", "shared_bytes");
+  if (role == "attention_backward_sm90")
+    return std::make_pair("dflex_backward_sm90_launch", "shared_bytes");
   if (role.consume_front("gated_delta_") &&
       llvm::is_contained({"forward_prepare", "forward_state", "forward_output",
                           "backward_prepare", "backward_state", "backward_chunk"},
@@ -179,47 +183,80 @@ std::optional<std::pair<std::string, std::string>> sharedBytesConstant(StringRef
   return std::nullopt;
 }
 
-/// Compiles a module for every arch through the cache; reads the launch
-/// constants back and checks shared memory against each arch's limit.
-::dflex::Status compileModule(::dflex::tools::CompiledModule &module,
-                              const std::vector<std::string> &targets,
-                              cache::KernelCache &kernelCache, int &hits) {
+/// The NVRTC request for one arch: the kernels that arch builds (the
+/// runtime's run-time compile makes the same request, so both share cache
+/// entries).
+compile::CompileRequest archRequest(const codegen::GeneratedModule &generated,
+                                    const std::string &arch) {
   compile::CompileRequest request;
-  request.source = module.generated.source;
-  request.programName = module.generated.name + ".cu";
-  request.archs = targets;
+  request.source = generated.source;
+  request.programName = generated.name + ".cu";
+  request.archs = {arch};
   request.options = {"-std=c++17"};
   for (const codegen::EmbeddedHeader &header : codegen::kernelHeaders())
     request.headers.push_back({header.name, header.contents});
-  for (const codegen::KernelEntry &kernel : module.generated.kernels)
-    request.nameExpressions.push_back(kernel.nameExpression);
+  for (const codegen::KernelEntry &kernel : generated.kernels)
+    if (codegen::buildsFor(kernel.requiredTarget, arch))
+      request.nameExpressions.push_back(kernel.nameExpression);
+  return request;
+}
 
-  auto binaries = compile::compileCached(request, kernelCache, codegen::kTemplateVersion);
-  if (!binaries.ok())
-    return binaries.status();
-  module.binaries = binaries.value();
-  for (const compile::ArchBinary &binary : module.binaries) {
+/// Compiles a module for every arch through the cache; reads the launch
+/// constants back and checks shared memory against each arch's limit.
+/// Kernels and launch constants that no target builds (the Hopper kernels
+/// without sm_90a) leave the module.
+::dflex::Status compileModule(::dflex::tools::CompiledModule &module,
+                              const std::vector<std::string> &targets,
+                              cache::KernelCache &kernelCache, int &hits) {
+  auto builtByAny = [&](const std::string &requiredTarget) {
+    return llvm::any_of(targets, [&](const std::string &arch) {
+      return codegen::buildsFor(requiredTarget, arch);
+    });
+  };
+  codegen::GeneratedModule &generated = module.generated;
+  llvm::erase_if(generated.kernels, [&](const codegen::KernelEntry &kernel) {
+    return !builtByAny(kernel.requiredTarget);
+  });
+  llvm::erase_if(generated.launchConstants, [&](const codegen::LaunchConstants &constants) {
+    return !builtByAny(constants.requiredTarget);
+  });
+
+  for (const std::string &arch : targets) {
+    compile::CompileRequest request = archRequest(generated, arch);
+    auto binaries = compile::compileCached(request, kernelCache, codegen::kTemplateVersion);
+    if (!binaries.ok())
+      return binaries.status();
+    compile::ArchBinary &binary = binaries.value().front();
     hits += binary.fromCache;
-    auto key = compile::archCacheKey(request, binary.arch, codegen::kTemplateVersion);
+    auto key = compile::archCacheKey(request, arch, codegen::kTemplateVersion);
     module.cacheKeys.push_back(key.ok() ? key.value() : "");
+    module.binaries.push_back(std::move(binary));
   }
 
-  // Launch constants are the same for every arch: read them from the first.
-  for (const auto &[symbol, names] : module.generated.launchConstants) {
-    auto values = ::dflex::tools::readPtxIntArray(module.binaries.front().ptx, symbol,
-                                                  names.size());
+  // Launch constants do not depend on the arch: each is read from the first
+  // arch that builds it.
+  for (const codegen::LaunchConstants &constants : generated.launchConstants) {
+    auto binary = llvm::find_if(module.binaries, [&](const compile::ArchBinary &candidate) {
+      return codegen::buildsFor(constants.requiredTarget, candidate.arch);
+    });
+    auto values = ::dflex::tools::readPtxIntArray(binary->ptx, constants.symbol,
+                                                  constants.names.size());
     if (!values.ok())
-      return values.status();
-    for (size_t i = 0; i < names.size(); ++i)
-      module.launch[symbol][names[i]] = values.value()[i];
+      return ::dflex::Status::failure("@" + generated.name + " (" + binary->arch +
+                                      "): " + values.error());
+    for (size_t i = 0; i < constants.names.size(); ++i)
+      module.launch[constants.symbol][constants.names[i]] = values.value()[i];
   }
-  for (const codegen::KernelEntry &kernel : module.generated.kernels)
-    if (auto constant = sharedBytesConstant(kernel.role))
-      request.dynamicSharedBytes[kernel.nameExpression] =
-          module.launch[constant->first][constant->second];
-  for (compile::ArchBinary &binary : module.binaries)
+  for (compile::ArchBinary &binary : module.binaries) {
+    compile::CompileRequest request = archRequest(generated, binary.arch);
+    for (const codegen::KernelEntry &kernel : generated.kernels)
+      if (codegen::buildsFor(kernel.requiredTarget, binary.arch))
+        if (auto constant = sharedBytesConstant(kernel.role))
+          request.dynamicSharedBytes[kernel.nameExpression] =
+              module.launch[constant->first][constant->second];
     if (::dflex::Status status = compile::checkSharedMemory(request, binary); !status.ok())
-      return ::dflex::Status::failure("@" + module.generated.name + ": " + status.message());
+      return ::dflex::Status::failure("@" + generated.name + ": " + status.message());
+  }
   return ::dflex::Status::success();
 }
 
@@ -279,8 +316,10 @@ int main(int argc, char **argv) {
     return fail("no bundle directory: give -o DIR (or --emit-cuda)");
 
   std::vector<std::string> targets(archs.begin(), archs.end());
+  // sm_90a: H100/H200 (the portable kernels and, where they exist, the
+  // wgmma ones); sm_120: RTX PRO 6000 / RTX 5090. docs/bundle.md.
   if (targets.empty())
-    targets = {"sm_90", "sm_120"};
+    targets = {"sm_90a", "sm_120"};
   for (const std::string &arch : targets)
     if (!compile::parseGpuArch(arch).ok())
       return fail("unknown --arch '" + arch + "' (use e.g. sm_90, sm_120, sm_90a, compute_90)");

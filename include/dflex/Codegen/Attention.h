@@ -7,6 +7,7 @@
 #include "dflex/Expr/Program.h"
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dflex::codegen {
@@ -26,7 +27,25 @@ struct AttentionSpec {
 struct KernelEntry {
   std::string role;           // e.g. "attention_forward"
   std::string nameExpression; // the template instantiation NVRTC lowers
+  /// The arch-specific target the kernel needs ("sm_90a" for the wgmma
+  /// kernels), or empty when every arch builds it. The generated source
+  /// declares such a kernel only when compiled for that target, so NVRTC
+  /// must be asked for it only there (buildsFor).
+  std::string requiredTarget;
 };
+
+/// An extern "C" __device__ int array of launch constants, read back from
+/// the PTX of an arch that builds it.
+struct LaunchConstants {
+  std::string symbol;
+  std::vector<std::string> names; // the meaning of each element
+  std::string requiredTarget;     // as KernelEntry::requiredTarget
+};
+
+/// Whether compiling for `arch` ("sm_90", "sm_90a", "compute_90a", ...)
+/// builds code that needs `requiredTarget`: always when it is empty, else
+/// for that target and its PTX-only form ("sm_90a" and "compute_90a").
+bool buildsFor(std::string_view requiredTarget, std::string_view arch);
 
 /// A module of generated CUDA source: one spec's kernels.
 struct GeneratedModule {
@@ -34,19 +53,33 @@ struct GeneratedModule {
   std::string kind;   // "attention"
   std::string source; // complete CUDA C++, including the kernel templates
   std::vector<KernelEntry> kernels;
-  /// extern "C" __device__ int arrays holding launch constants, read back
-  /// from the PTX: symbol -> meaning of each element.
-  std::vector<std::pair<std::string, std::vector<std::string>>> launchConstants;
+  std::vector<LaunchConstants> launchConstants;
   VariantLayout layout;
 };
 
 /// Template version folded into every cache key: bump when the code
 /// generator changes what it emits for the same input.
-constexpr const char *kTemplateVersion = "dflex-templates-1";
+constexpr const char *kTemplateVersion = "dflex-templates-2";
 
-/// Generates the forward and backward attention kernels of `spec`. `mask`
-/// and `scoreMod` are lowered bodies; `scoreMod`, when present, must carry
-/// its derivative (appendScoreDerivative).
+/// The arch-specific target of the Hopper attention kernels
+/// (kernels/attention/sm90: wgmma, setmaxnreg).
+constexpr const char *kSm90Target = "sm_90a";
+
+/// Which Hopper kernels exist for a head dim (Sm90AttentionConfigs in
+/// kernels/attention/sm90/config.cuh): a forward for 64 and 128, a backward
+/// for 128. Other head dims run the portable kernels only.
+struct Sm90Kernels {
+  bool forward = false;
+  bool backward = false;
+};
+Sm90Kernels sm90KernelsFor(int64_t headDim);
+
+/// Generates the forward and backward attention kernels of `spec`: the
+/// portable kernels for every arch, and for head dims that have them the
+/// Hopper kernels for sm_90a (roles with an "_sm90" suffix, their own launch
+/// constants; requiredTarget kSm90Target). `mask` and `scoreMod` are lowered
+/// bodies; `scoreMod`, when present, must carry its derivative
+/// (appendScoreDerivative).
 Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
                                           const expr::Program &mask,
                                           const expr::Program *scoreMod,
