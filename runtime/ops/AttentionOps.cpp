@@ -6,6 +6,10 @@
 //   torch.ops.dflex.attention_captures(bundle_dir, spec) -> capture names, in order
 //   torch.ops.dflex.attention_mask(bundle_dir, spec, captures, batch, q_len, kv_len)
 //       -> the mask, dense [B, Hq, Tq, Tkv] bool
+//   torch.ops.dflex.attention_kernels(bundle_dir, spec, compute_capability)
+//       -> [arch, "bundle" | "compiled", forward kernels, backward kernels]:
+//          what the CUDA path runs on such a device under DFLEX_ATTENTION_KERNELS
+//          (kernels "sm90" or "portable")
 #include "dflex/runtime/Attention.h"
 
 #include <torch/library.h>
@@ -42,6 +46,17 @@ at::Tensor attentionMaskOp(const std::string &bundle, const std::string &spec,
                                        keyLength);
 }
 
+std::vector<std::string> attentionKernelsOp(const std::string &bundle, const std::string &spec,
+                                            int64_t computeCapability) {
+  using namespace dflex::runtime;
+  const AttentionKernelPlan plan =
+      planAttentionKernels(KernelBundle::openCached(bundle)->attention(spec),
+                           static_cast<int>(computeCapability), attentionKernelChoice());
+  auto family = [](const AttentionPassKernels &pass) { return pass.sm90 ? "sm90" : "portable"; };
+  return {plan.arch, plan.compiled ? "compiled" : "bundle", family(plan.forward),
+          family(plan.backward)};
+}
+
 std::vector<std::string> attentionSpecsOp(const std::string &bundle) {
   std::vector<std::string> names;
   for (const dflex::runtime::AttentionKernelSpec &spec :
@@ -65,6 +80,8 @@ TORCH_LIBRARY_FRAGMENT(dflex, m) {
         "int kv_len) -> Tensor");
   m.def("attention_specs(str bundle) -> str[]", &attentionSpecsOp);
   m.def("attention_captures(str bundle, str spec) -> str[]", &attentionCapturesOp);
+  m.def("attention_kernels(str bundle, str spec, int compute_capability) -> str[]",
+        &attentionKernelsOp);
 }
 
 // Composite: the kernels run above autograd; attention records its own

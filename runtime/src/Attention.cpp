@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -205,9 +206,11 @@ BoundCaptures bindCaptures(const AttentionKernelSpec &spec,
   return bound;
 }
 
-analysis::TileList buildTileList(const AttentionKernelSpec &spec, const BoundCaptures &captures,
-                                 analysis::TileListKind kind, const AttentionProblem &problem,
-                                 int64_t queryTile, int64_t keyTile) {
+analysis::AttentionTileLists buildTileLists(const AttentionKernelSpec &spec,
+                                            const BoundCaptures &captures,
+                                            const AttentionProblem &problem,
+                                            const AttentionKernelPlan &plan, bool forward,
+                                            bool backward) {
   const std::string where = "dflex attention '" + spec.name + "': ";
   analysis::EvaluatorResult evaluator =
       analysis::IntervalEvaluator::create(spec.mask, captures.forProgram(spec.mask, spec.layout));
@@ -218,27 +221,67 @@ analysis::TileList buildTileList(const AttentionKernelSpec &spec, const BoundCap
   shape.heads = problem.qHeads;
   shape.queryLength = problem.queryLength;
   shape.keyLength = problem.keyLength;
-  analysis::TileListResult result =
-      analysis::buildTileList(*evaluator.evaluator, kind, shape, queryTile, keyTile);
-  if (!result.ok())
-    throw FormatError(where + result.error);
-  return std::move(result.list);
+  const AttentionLaunch &f = plan.forward.launch, &b = plan.backward.launch;
+  analysis::AttentionTileLists lists;
+  if (forward && backward) {
+    // One scan; the other list is derived when one pass's tiles are unions
+    // of the other's (the portable and the Hopper tiles both are).
+    lists = analysis::buildAttentionTileLists(*evaluator.evaluator, shape, f.blockM, f.blockN,
+                                              b.blockM, b.blockN);
+    if (!lists.ok())
+      throw FormatError(where + lists.error);
+    return lists;
+  }
+  if (!forward && !backward)
+    return lists;
+  analysis::TileListResult one =
+      forward ? analysis::buildTileList(*evaluator.evaluator, analysis::TileListKind::Forward,
+                                        shape, f.blockM, f.blockN)
+              : analysis::buildTileList(*evaluator.evaluator, analysis::TileListKind::Backward,
+                                        shape, b.blockM, b.blockN);
+  if (!one.ok())
+    throw FormatError(where + one.error);
+  (forward ? lists.forward : lists.backward) = std::move(one.list);
+  return lists;
 }
 
-DeviceTileList uploadTileList(const analysis::TileList &list, const torch::Device &device) {
-  const size_t offsets = list.rowOffsets.size();
-  // An empty list still gets one entry, so the pointer is valid.
-  torch::Tensor host = torch::empty(
-      {static_cast<int64_t>(offsets + std::max<size_t>(list.entries.size(), 1))}, torch::kInt);
-  int32_t *data = host.data_ptr<int32_t>();
-  std::memcpy(data, list.rowOffsets.data(), offsets * sizeof(int32_t));
-  data[offsets] = 0;
-  std::memcpy(data + offsets, list.entries.data(), list.entries.size() * sizeof(int32_t));
-  DeviceTileList uploaded;
-  uploaded.storage = host.to(device, /*non_blocking=*/true);
-  uploaded.batches = list.batches;
-  uploaded.heads = list.heads;
-  uploaded.rowTiles = list.rowTiles;
+DeviceTileLists uploadTileLists(const analysis::AttentionTileLists &lists,
+                                const torch::Device &device) {
+  // Each list built: row offsets then entries (at least one, so the pointer
+  // is valid), back to back in one host tensor and one copy.
+  auto built = [](const analysis::TileList &list) { return !list.rowOffsets.empty(); };
+  auto words = [](const analysis::TileList &list) {
+    return static_cast<int64_t>(list.rowOffsets.size() + std::max<size_t>(list.entries.size(), 1));
+  };
+  const int64_t forwardWords = built(lists.forward) ? words(lists.forward) : 0;
+  const int64_t backwardWords = built(lists.backward) ? words(lists.backward) : 0;
+  DeviceTileLists uploaded;
+  if (forwardWords + backwardWords == 0)
+    return uploaded;
+  torch::Tensor host = torch::empty({forwardWords + backwardWords}, torch::kInt);
+  auto copy = [](const analysis::TileList &list, int32_t *data) {
+    const size_t offsets = list.rowOffsets.size();
+    std::memcpy(data, list.rowOffsets.data(), offsets * sizeof(int32_t));
+    data[offsets] = 0;
+    std::memcpy(data + offsets, list.entries.data(), list.entries.size() * sizeof(int32_t));
+  };
+  if (forwardWords)
+    copy(lists.forward, host.data_ptr<int32_t>());
+  if (backwardWords)
+    copy(lists.backward, host.data_ptr<int32_t>() + forwardWords);
+  const torch::Tensor storage = host.to(device, /*non_blocking=*/true);
+  auto view = [&](const analysis::TileList &list, int64_t start, int64_t length) {
+    DeviceTileList tiles;
+    tiles.storage = storage.narrow(0, start, length);
+    tiles.batches = list.batches;
+    tiles.heads = list.heads;
+    tiles.rowTiles = list.rowTiles;
+    return tiles;
+  };
+  if (forwardWords)
+    uploaded.forward = view(lists.forward, 0, forwardWords);
+  if (backwardWords)
+    uploaded.backward = view(lists.backward, forwardWords, backwardWords);
   return uploaded;
 }
 
@@ -248,17 +291,20 @@ bool isEmpty(const AttentionProblem &p) {
   return p.batch == 0 || p.queryLength == 0 || p.keyLength == 0;
 }
 
-/// The device tile list of one pass (nothing for an empty problem, which
+/// The device tile lists of one call (nothing for an empty problem, which
 /// the CUDA path answers without kernels).
-DeviceTileList passTiles(const AttentionKernelSpec &spec, const BoundCaptures &captures,
-                         analysis::TileListKind kind, const AttentionProblem &problem,
-                         const torch::Device &device) {
+DeviceTileLists callTiles(const AttentionKernelSpec &spec, const BoundCaptures &captures,
+                          const AttentionProblem &problem, const AttentionKernelPlan &plan,
+                          bool forward, bool backward, const torch::Device &device) {
   if (isEmpty(problem))
     return {};
-  const AttentionLaunch &launch =
-      kind == analysis::TileListKind::Forward ? spec.forward : spec.backward;
-  return uploadTileList(
-      buildTileList(spec, captures, kind, problem, launch.blockM, launch.blockN), device);
+  return uploadTileLists(buildTileLists(spec, captures, problem, plan, forward, backward),
+                         device);
+}
+
+AttentionKernelPlan devicePlan(const AttentionKernelSpec &spec, const torch::Device &device,
+                               AttentionKernelChoice choice) {
+  return planAttentionKernels(spec, deviceComputeCapability(device.index()), choice);
 }
 
 using torch::autograd::AutogradContext;
@@ -278,18 +324,17 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const AttentionProblem problem = checkInputs(spec, q, k, v);
     AttentionOutputs outputs;
     if (q.is_cuda()) {
+      const AttentionKernelChoice choice = attentionKernelChoice();
+      const AttentionKernelPlan plan = devicePlan(spec, q.device(), choice);
       BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
-      outputs = cudaForward(*bundle, spec, problem, q, k, v, bound,
-                            passTiles(spec, bound, analysis::TileListKind::Forward, problem,
-                                      q.device()));
-      if (needBackward) {
-        DeviceTileList tiles =
-            passTiles(spec, bound, analysis::TileListKind::Backward, problem, q.device());
-        if (tiles.storage.defined()) {
-          ctx->saved_data["backward_tiles"] = tiles.storage;
-          ctx->saved_data["backward_tile_shape"] =
-              std::vector<int64_t>{tiles.batches, tiles.heads, tiles.rowTiles};
-        }
+      DeviceTileLists tiles =
+          callTiles(spec, bound, problem, plan, /*forward=*/true, needBackward, q.device());
+      outputs = cudaForward(*bundle, spec, plan, problem, q, k, v, bound, tiles.forward);
+      ctx->saved_data["kernel_choice"] = static_cast<int64_t>(choice);
+      if (tiles.backward.storage.defined()) {
+        ctx->saved_data["backward_tiles"] = tiles.backward.storage;
+        ctx->saved_data["backward_tile_shape"] = std::vector<int64_t>{
+            tiles.backward.batches, tiles.backward.heads, tiles.backward.rowTiles};
       }
     } else {
       BoundCaptures bound = bindCaptures(spec, captures, std::nullopt, /*needHost=*/true);
@@ -327,8 +372,12 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
         tiles.heads = shape[1];
         tiles.rowTiles = shape[2];
       }
+      // The kernels the forward chose: the tile list was built for them.
+      const auto choice =
+          static_cast<AttentionKernelChoice>(ctx->saved_data["kernel_choice"].toInt());
       BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/false);
-      grads = cudaBackward(*bundle, spec, problem, q, k, v, out, logSumExp, gradOut, bound, tiles);
+      grads = cudaBackward(*bundle, spec, devicePlan(spec, q.device(), choice), problem, q, k,
+                           v, out, logSumExp, gradOut, bound, tiles);
     } else {
       grads = attentionBackward(*bundle, spec, q, k, v, out, logSumExp, gradOut, captures);
     }
@@ -350,9 +399,12 @@ AttentionOutputs attentionForward(const KernelBundle &bundle, const AttentionKer
   if (!q.is_cuda())
     return referenceForward(spec, problem, q, k, v,
                             bindCaptures(spec, captures, std::nullopt, /*needHost=*/true));
+  const AttentionKernelPlan plan = devicePlan(spec, q.device(), attentionKernelChoice());
   BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
-  return cudaForward(bundle, spec, problem, q, k, v, bound,
-                     passTiles(spec, bound, analysis::TileListKind::Forward, problem, q.device()));
+  return cudaForward(bundle, spec, plan, problem, q, k, v, bound,
+                     callTiles(spec, bound, problem, plan, /*forward=*/true,
+                               /*backward=*/false, q.device())
+                         .forward);
 }
 
 AttentionGrads attentionBackward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
@@ -381,10 +433,12 @@ AttentionGrads attentionBackward(const KernelBundle &bundle, const AttentionKern
   if (out.scalar_type() != q.scalar_type() || gradOut.scalar_type() != q.scalar_type() ||
       logSumExp.scalar_type() != torch::kFloat)
     throw FormatError(where + "o and grad_o must have the dtype of q, lse must be float32");
+  const AttentionKernelPlan plan = devicePlan(spec, q.device(), attentionKernelChoice());
   BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
-  return cudaBackward(bundle, spec, problem, q, k, v, out, logSumExp, gradOut, bound,
-                      passTiles(spec, bound, analysis::TileListKind::Backward, problem,
-                                q.device()));
+  return cudaBackward(bundle, spec, plan, problem, q, k, v, out, logSumExp, gradOut, bound,
+                      callTiles(spec, bound, problem, plan, /*forward=*/false,
+                                /*backward=*/true, q.device())
+                          .backward);
 }
 
 AttentionOutputs attention(const std::string &bundleDirectory, const std::string &specName,
@@ -424,10 +478,69 @@ torch::Tensor attentionMask(const AttentionKernelSpec &spec,
   return mask;
 }
 
-analysis::TileList attentionTileList(const AttentionKernelSpec &spec,
-                                     const std::vector<torch::Tensor> &captures,
-                                     analysis::TileListKind kind, int64_t batch,
-                                     int64_t queryLength, int64_t keyLength) {
+AttentionKernelChoice attentionKernelChoice() {
+  const char *value = std::getenv("DFLEX_ATTENTION_KERNELS");
+  const std::string choice = value ? value : "";
+  if (choice.empty() || choice == "auto")
+    return AttentionKernelChoice::Auto;
+  if (choice == "portable")
+    return AttentionKernelChoice::Portable;
+  if (choice == "sm90")
+    return AttentionKernelChoice::Sm90;
+  throw FormatError("DFLEX_ATTENTION_KERNELS='" + choice +
+                    "': expected auto, portable or sm90");
+}
+
+AttentionKernelPlan planAttentionKernels(const AttentionKernelSpec &spec, int computeCapability,
+                                         AttentionKernelChoice choice) {
+  const std::string plain = "sm_" + std::to_string(computeCapability);
+  const std::string specific = plain + "a";
+  auto hasCubin = [&](const std::string &arch) {
+    auto found = spec.binaries.find(arch);
+    return found != spec.binaries.end() && !found->second.cubinFile.empty();
+  };
+  AttentionKernelPlan plan;
+  // The arch-specific binary holds the portable kernels too.
+  if (hasCubin(specific)) {
+    plan.arch = specific;
+  } else if (hasCubin(plain)) {
+    plan.arch = plain;
+  } else {
+    plan.compiled = true;
+    plan.arch = plain;
+    for (const BundleKernel &kernel : spec.kernels)
+      if (kernel.requiredTarget == specific)
+        plan.arch = specific;
+  }
+  const bool sm90Forward = spec.forwardSm90 && spec.hasKernel("attention_forward_sm90", plan.arch);
+  const bool sm90Backward =
+      spec.backwardSm90 && spec.hasKernel("attention_backward_sm90", plan.arch);
+  if (choice == AttentionKernelChoice::Sm90 && !sm90Forward) {
+    std::string why;
+    if (!spec.forwardSm90 && !codegen::sm90KernelsFor(spec.qkHeadDim).forward)
+      why = "head_dim " + std::to_string(spec.qkHeadDim) + " has none";
+    else if (!spec.forwardSm90)
+      why = "the bundle was compiled without them (dflex-compile --arch sm_90a)";
+    else if (computeCapability != 90)
+      why = "they run on sm_90 devices (H100/H200), this one is " + plain;
+    else
+      why = "the bundle's " + plan.arch + " binary does not have them";
+    throw FormatError("DFLEX_ATTENTION_KERNELS=sm90: attention spec '" + spec.name +
+                      "' has no sm_90a kernels here: " + why);
+  }
+  const bool useSm90 = choice != AttentionKernelChoice::Portable;
+  plan.forward = useSm90 && sm90Forward ? AttentionPassKernels{*spec.forwardSm90, true}
+                                        : AttentionPassKernels{spec.forward, false};
+  plan.backward = useSm90 && sm90Backward ? AttentionPassKernels{*spec.backwardSm90, true}
+                                          : AttentionPassKernels{spec.backward, false};
+  return plan;
+}
+
+analysis::AttentionTileLists attentionTileLists(const AttentionKernelSpec &spec,
+                                                const AttentionKernelPlan &plan,
+                                                const std::vector<torch::Tensor> &captures,
+                                                int64_t batch, int64_t queryLength,
+                                                int64_t keyLength) {
   using namespace detail;
   AttentionProblem problem;
   problem.batch = batch;
@@ -435,10 +548,8 @@ analysis::TileList attentionTileList(const AttentionKernelSpec &spec,
   problem.keyLength = keyLength;
   problem.qHeads = spec.numQHeads;
   problem.kvHeads = spec.numKvHeads;
-  const AttentionLaunch &launch =
-      kind == analysis::TileListKind::Forward ? spec.forward : spec.backward;
-  return buildTileList(spec, bindCaptures(spec, captures, std::nullopt, /*needHost=*/true), kind,
-                       problem, launch.blockM, launch.blockN);
+  return buildTileLists(spec, bindCaptures(spec, captures, std::nullopt, /*needHost=*/true),
+                        problem, plan, /*forward=*/true, /*backward=*/true);
 }
 
 } // namespace dflex::runtime

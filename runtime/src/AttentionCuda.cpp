@@ -17,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 namespace dflex::runtime::detail {
@@ -25,47 +26,73 @@ namespace {
 
 namespace kernels = ::dflex::kernels;
 
-/// The four kernels of one spec, loaded on one device.
+/// The attention kernels of one spec in the binary of one device: the
+/// portable ones and, in sm_90a binaries, the Hopper ones.
 struct LoadedAttention {
   std::unique_ptr<CudaModule> module;
-  CUfunction forward = nullptr;
-  CUfunction backwardPreprocess = nullptr;
-  CUfunction backward = nullptr;
-  CUfunction backwardGradQ = nullptr;
+  std::map<std::string, CUfunction> functions; // role -> function
+
+  CUfunction function(const std::string &role) const {
+    auto found = functions.find(role);
+    if (found == functions.end())
+      throw CudaError("dflex attention: the loaded binary has no kernel '" + role + "'");
+    return found->second;
+  }
 };
 
+/// The name of a pass's kernel of `role` in the family the plan picked.
+std::string familyRole(const std::string &role, const AttentionPassKernels &pass) {
+  return pass.sm90 ? role + "_sm90" : role;
+}
+
 std::unique_ptr<LoadedAttention> loadAttention(const KernelBundle &bundle,
-                                               const AttentionKernelSpec &spec, int ordinal) {
+                                               const AttentionKernelSpec &spec,
+                                               const AttentionKernelPlan &plan, int ordinal) {
   const CudaDriver &driver = CudaDriver::instance();
   const CudaDriverApi &api = driver.api();
   const CudaDeviceInfo device = queryDevice(driver, ordinal);
-  const std::string arch =
-      "sm_" + std::to_string(device.computeMajor * 10 + device.computeMinor);
-  const int64_t shared = std::max(spec.forward.sharedBytes, spec.backward.sharedBytes);
-  if (shared > device.maxSharedMemoryPerBlockOptin)
-    throw CudaError("dflex attention '" + spec.name + "' needs " + std::to_string(shared) +
-                    " B of shared memory per block; " + device.name + " (" + arch +
-                    ") allows " + std::to_string(device.maxSharedMemoryPerBlockOptin));
+  const KernelImage image = bundle.kernelImage(spec, plan.arch);
 
-  const KernelImage image = bundle.kernelImage(spec, arch);
+  // Threads and dynamic shared memory of each role, from the manifest.
+  struct Launch {
+    const char *role;
+    const std::optional<AttentionLaunch> launch;
+    bool rowKernel; // preprocess and dQ conversion: row_kernel_threads, no shared memory
+  };
+  const Launch launches[] = {
+      {"attention_forward", spec.forward, false},
+      {"attention_backward_preprocess", spec.backward, true},
+      {"attention_backward", spec.backward, false},
+      {"attention_backward_grad_q", spec.backward, true},
+      {"attention_forward_sm90", spec.forwardSm90, false},
+      {"attention_backward_preprocess_sm90", spec.backwardSm90, true},
+      {"attention_backward_sm90", spec.backwardSm90, false},
+      {"attention_backward_grad_q_sm90", spec.backwardSm90, true},
+  };
+  for (const Launch &entry : launches)
+    if (entry.launch && image.loweredNames.count(entry.role) && !entry.rowKernel &&
+        entry.launch->sharedBytes > device.maxSharedMemoryPerBlockOptin)
+      throw CudaError("dflex attention '" + spec.name + "': kernel " + entry.role + " needs " +
+                      std::to_string(entry.launch->sharedBytes) +
+                      " B of shared memory per block; " + device.name + " (" + plan.arch +
+                      ") allows " + std::to_string(device.maxSharedMemoryPerBlockOptin));
+
   auto loaded = std::make_unique<LoadedAttention>();
   loaded->module = std::make_unique<CudaModule>(driver, ordinal, image.image, image.label);
-  loaded->forward = loaded->module->function(image.loweredNames.at("attention_forward"));
-  loaded->backwardPreprocess =
-      loaded->module->function(image.loweredNames.at("attention_backward_preprocess"));
-  loaded->backward = loaded->module->function(image.loweredNames.at("attention_backward"));
-  loaded->backwardGradQ =
-      loaded->module->function(image.loweredNames.at("attention_backward_grad_q"));
-
   CudaPrimaryContextGuard context(driver, ordinal);
-  auto configure = [&](CUfunction function, int64_t threads, int64_t sharedBytes,
-                       const char *role) {
+  for (const Launch &entry : launches) {
+    auto lowered = image.loweredNames.find(entry.role);
+    if (!entry.launch || lowered == image.loweredNames.end())
+      continue;
+    const CUfunction function = loaded->module->function(lowered->second);
+    const int64_t threads = entry.rowKernel ? entry.launch->rowKernelThreads : entry.launch->threads;
+    const int64_t sharedBytes = entry.rowKernel ? 0 : entry.launch->sharedBytes;
     int maxThreads = 0;
     driver.check(api.cuFuncGetAttribute(&maxThreads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
                                         function),
                  "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
     if (maxThreads < threads)
-      throw CudaError(image.label + ": kernel " + role + " takes at most " +
+      throw CudaError(image.label + ": kernel " + entry.role + " takes at most " +
                       std::to_string(maxThreads) + " threads per block, the manifest says " +
                       std::to_string(threads));
     if (sharedBytes > 0)
@@ -73,23 +100,19 @@ std::unique_ptr<LoadedAttention> loadAttention(const KernelBundle &bundle,
                                           CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                           static_cast<int>(sharedBytes)),
                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-  };
-  configure(loaded->forward, spec.forward.threads, spec.forward.sharedBytes, "attention_forward");
-  configure(loaded->backward, spec.backward.threads, spec.backward.sharedBytes,
-            "attention_backward");
-  configure(loaded->backwardPreprocess, spec.backward.rowKernelThreads, 0,
-            "attention_backward_preprocess");
-  configure(loaded->backwardGradQ, spec.backward.rowKernelThreads, 0,
-            "attention_backward_grad_q");
+    loaded->functions[entry.role] = function;
+  }
   return loaded;
 }
 
 /// Loaded kernels for the life of the process (modules are never unloaded:
 /// the registry is deliberately leaked, so nothing calls the driver during
 /// static destruction). Holds the bundles, so a key's address is never
-/// reused.
+/// reused. The plan's binary depends only on the spec and the device, so
+/// one module per (spec, device) serves every kernel choice.
 const LoadedAttention &loadedAttention(const KernelBundle &bundle,
-                                       const AttentionKernelSpec &spec, int ordinal) {
+                                       const AttentionKernelSpec &spec,
+                                       const AttentionKernelPlan &plan, int ordinal) {
   struct Registry {
     std::mutex mutex;
     std::map<std::tuple<const AttentionKernelSpec *, int>, std::unique_ptr<LoadedAttention>>
@@ -100,7 +123,7 @@ const LoadedAttention &loadedAttention(const KernelBundle &bundle,
   std::lock_guard<std::mutex> lock(registry->mutex);
   std::unique_ptr<LoadedAttention> &slot = registry->loaded[{&spec, ordinal}];
   if (!slot) {
-    slot = loadAttention(bundle, spec, ordinal);
+    slot = loadAttention(bundle, spec, plan, ordinal);
     registry->bundles.push_back(bundle.shared_from_this());
   }
   return *slot;
@@ -154,10 +177,23 @@ void checkTiles(const DeviceTileList &tiles, const AttentionProblem &p, int64_t 
 
 } // namespace
 
+int deviceComputeCapability(int ordinal) {
+  static std::mutex mutex;
+  static std::map<int, int> *known = new std::map<int, int>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = known->find(ordinal);
+  if (found == known->end()) {
+    const CudaDeviceInfo device = queryDevice(CudaDriver::instance(), ordinal);
+    found = known->emplace(ordinal, device.computeMajor * 10 + device.computeMinor).first;
+  }
+  return found->second;
+}
+
 AttentionOutputs cudaForward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
-                             const AttentionProblem &p, const torch::Tensor &q,
-                             const torch::Tensor &k, const torch::Tensor &v,
-                             const BoundCaptures &captures, const DeviceTileList &tiles) {
+                             const AttentionKernelPlan &plan, const AttentionProblem &p,
+                             const torch::Tensor &q, const torch::Tensor &k,
+                             const torch::Tensor &v, const BoundCaptures &captures,
+                             const DeviceTileList &tiles) {
   AttentionOutputs outputs;
   outputs.out = torch::empty({p.batch, p.queryLength, p.qHeads, p.vHeadDim}, q.options());
   outputs.logSumExp =
@@ -169,9 +205,9 @@ AttentionOutputs cudaForward(const KernelBundle &bundle, const AttentionKernelSp
     outputs.logSumExp.fill_(-std::numeric_limits<float>::infinity());
     return outputs;
   }
-  const AttentionLaunch &launch = spec.forward;
+  const AttentionLaunch &launch = plan.forward.launch;
   checkTiles(tiles, p, ceilDiv(p.queryLength, launch.blockM), "forward");
-  const LoadedAttention &loaded = loadedAttention(bundle, spec, q.device().index());
+  const LoadedAttention &loaded = loadedAttention(bundle, spec, plan, q.device().index());
   const torch::Tensor qv = kernelLayout(q), kv = kernelLayout(k), vv = kernelLayout(v);
 
   kernels::AttentionForwardParams params{};
@@ -188,7 +224,7 @@ AttentionOutputs cudaForward(const KernelBundle &bundle, const AttentionKernelSp
   params.tiles = tileView(tiles);
   std::vector<uint8_t> variant = captures.packDevice(spec);
   void *arguments[] = {&params, variant.data()};
-  loaded.module->launch(loaded.forward,
+  loaded.module->launch(loaded.function(familyRole("attention_forward", plan.forward)),
                         {ceilDiv(p.queryLength, launch.blockM), static_cast<unsigned>(p.qHeads),
                          static_cast<unsigned>(p.batch)},
                         {static_cast<unsigned>(launch.threads), 1, 1},
@@ -197,11 +233,11 @@ AttentionOutputs cudaForward(const KernelBundle &bundle, const AttentionKernelSp
 }
 
 AttentionGrads cudaBackward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
-                            const AttentionProblem &p, const torch::Tensor &q,
-                            const torch::Tensor &k, const torch::Tensor &v,
-                            const torch::Tensor &out, const torch::Tensor &logSumExp,
-                            const torch::Tensor &gradOut, const BoundCaptures &captures,
-                            const DeviceTileList &tiles) {
+                            const AttentionKernelPlan &plan, const AttentionProblem &p,
+                            const torch::Tensor &q, const torch::Tensor &k,
+                            const torch::Tensor &v, const torch::Tensor &out,
+                            const torch::Tensor &logSumExp, const torch::Tensor &gradOut,
+                            const BoundCaptures &captures, const DeviceTileList &tiles) {
   AttentionGrads grads;
   grads.q = torch::empty({p.batch, p.queryLength, p.qHeads, p.qkHeadDim}, q.options());
   grads.k = torch::empty({p.batch, p.keyLength, p.kvHeads, p.qkHeadDim}, k.options());
@@ -214,12 +250,15 @@ AttentionGrads cudaBackward(const KernelBundle &bundle, const AttentionKernelSpe
     grads.v.zero_();
     return grads;
   }
-  const AttentionLaunch &launch = spec.backward;
+  const AttentionLaunch &launch = plan.backward.launch;
   checkTiles(tiles, p, ceilDiv(p.keyLength, launch.blockN), "backward");
-  const LoadedAttention &loaded = loadedAttention(bundle, spec, q.device().index());
+  const LoadedAttention &loaded = loadedAttention(bundle, spec, plan, q.device().index());
   const torch::Tensor qv = kernelLayout(q), kv = kernelLayout(k), vv = kernelLayout(v);
   const torch::Tensor ov = kernelLayout(out), dov = kernelLayout(gradOut);
   const torch::Tensor lse = logSumExp.contiguous();
+  // The dQ accumulator: zeroed by the preprocess, filled by the main kernel
+  // and read by the dQ conversion, all three of one family (the Hopper one
+  // permutes the columns of each row).
   torch::Tensor gradQAccum = torch::empty({p.batch, p.qHeads, p.queryLength, p.qkHeadDim},
                                           q.options().dtype(torch::kFloat));
   torch::Tensor delta =
@@ -258,13 +297,17 @@ AttentionGrads cudaBackward(const KernelBundle &bundle, const AttentionKernelSpe
   const LaunchExtent rowBlock{static_cast<unsigned>(launch.rowKernelThreads), 1, 1};
   void *rowArguments[] = {&params};
   void *arguments[] = {&params, variant.data()};
-  loaded.module->launch(loaded.backwardPreprocess, rowGrid, rowBlock, 0, stream, rowArguments);
-  loaded.module->launch(loaded.backward,
+  const CUfunction preprocess =
+      loaded.function(familyRole("attention_backward_preprocess", plan.backward));
+  const CUfunction main = loaded.function(familyRole("attention_backward", plan.backward));
+  const CUfunction gradQ = loaded.function(familyRole("attention_backward_grad_q", plan.backward));
+  loaded.module->launch(preprocess, rowGrid, rowBlock, 0, stream, rowArguments);
+  loaded.module->launch(main,
                         {ceilDiv(p.keyLength, launch.blockN), static_cast<unsigned>(p.kvHeads),
                          static_cast<unsigned>(p.batch)},
                         {static_cast<unsigned>(launch.threads), 1, 1},
                         static_cast<unsigned>(launch.sharedBytes), stream, arguments);
-  loaded.module->launch(loaded.backwardGradQ, rowGrid, rowBlock, 0, stream, rowArguments);
+  loaded.module->launch(gradQ, rowGrid, rowBlock, 0, stream, rowArguments);
   return grads;
 }
 

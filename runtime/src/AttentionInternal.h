@@ -51,10 +51,15 @@ BoundCaptures bindCaptures(const AttentionKernelSpec &spec,
                            const std::vector<torch::Tensor> &captures,
                            const std::optional<torch::Device> &device, bool needHost);
 
-/// The mask's tile list of one pass through the interval analysis.
-analysis::TileList buildTileList(const AttentionKernelSpec &spec, const BoundCaptures &captures,
-                                 analysis::TileListKind kind, const AttentionProblem &problem,
-                                 int64_t queryTile, int64_t keyTile);
+/// The tile lists of one call through the interval analysis of the mask
+/// (one evaluator), at the tile sizes of the kernels `plan` runs: the
+/// forward's when `forward`, the backward's when `backward` (a list not
+/// asked for stays empty).
+analysis::AttentionTileLists buildTileLists(const AttentionKernelSpec &spec,
+                                            const BoundCaptures &captures,
+                                            const AttentionProblem &problem,
+                                            const AttentionKernelPlan &plan, bool forward,
+                                            bool backward);
 
 // CPU reference, float64 math (AttentionReference.cpp).
 AttentionOutputs referenceForward(const AttentionKernelSpec &spec, const AttentionProblem &problem,
@@ -66,8 +71,8 @@ AttentionGrads referenceBackward(const AttentionKernelSpec &spec, const Attentio
                                  const torch::Tensor &logSumExp, const torch::Tensor &gradOut,
                                  const BoundCaptures &captures);
 
-/// A tile list in device memory: row offsets, then entries, in one int32
-/// tensor.
+/// A tile list in device memory: row offsets, then entries, in an int32
+/// tensor (undefined for a list not built).
 struct DeviceTileList {
   torch::Tensor storage;
   int64_t batches = 0;
@@ -75,18 +80,31 @@ struct DeviceTileList {
   int64_t rowTiles = 0;
 };
 
-DeviceTileList uploadTileList(const analysis::TileList &list, const torch::Device &device);
+struct DeviceTileLists {
+  DeviceTileList forward, backward;
+};
 
-// CUDA path (AttentionCuda.cpp). `tiles` is the pass's list.
+/// Uploads the lists `buildTileLists` built, both in one copy.
+DeviceTileLists uploadTileLists(const analysis::AttentionTileLists &lists,
+                                const torch::Device &device);
+
+// CUDA path (AttentionCuda.cpp).
+
+/// The compute capability (major * 10 + minor) of a CUDA device.
+int deviceComputeCapability(int ordinal);
+
+/// Launches the kernels `plan` picks; `tiles` is the pass's list, built at
+/// their tile sizes.
 AttentionOutputs cudaForward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
-                             const AttentionProblem &problem, const torch::Tensor &q,
-                             const torch::Tensor &k, const torch::Tensor &v,
-                             const BoundCaptures &captures, const DeviceTileList &tiles);
+                             const AttentionKernelPlan &plan, const AttentionProblem &problem,
+                             const torch::Tensor &q, const torch::Tensor &k,
+                             const torch::Tensor &v, const BoundCaptures &captures,
+                             const DeviceTileList &tiles);
 AttentionGrads cudaBackward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
-                            const AttentionProblem &problem, const torch::Tensor &q,
-                            const torch::Tensor &k, const torch::Tensor &v,
-                            const torch::Tensor &out, const torch::Tensor &logSumExp,
-                            const torch::Tensor &gradOut, const BoundCaptures &captures,
-                            const DeviceTileList &tiles);
+                            const AttentionKernelPlan &plan, const AttentionProblem &problem,
+                            const torch::Tensor &q, const torch::Tensor &k,
+                            const torch::Tensor &v, const torch::Tensor &out,
+                            const torch::Tensor &logSumExp, const torch::Tensor &gradOut,
+                            const BoundCaptures &captures, const DeviceTileList &tiles);
 
 } // namespace dflex::runtime::detail

@@ -122,29 +122,50 @@ AttentionKernelSpec parseAttention(const JsonObject &module) {
   }
   spec.layout = checkedLayout(module, spec);
 
-  JsonObject launch = module.object("launch");
-  spec.forward = parseLaunch(launch, "dflex_forward_launch", false);
-  spec.backward = parseLaunch(launch, "dflex_backward_launch", true);
-
   const JsonValue::Array &kernels = arrayMember(module, "kernels");
   for (size_t i = 0; i < kernels.size(); ++i) {
     JsonObject entry(kernels[i], module.where() + ": kernels[" + std::to_string(i) + "]");
     BundleKernel kernel;
     kernel.role = entry.string("role");
     kernel.nameExpression = entry.string("name_expression");
+    kernel.requiredTarget = entry.optionalString("required_target").value_or("");
     JsonObject archs = entry.object("archs");
     for (const auto &[arch, value] : archs.members())
       kernel.loweredNames[arch] =
           JsonObject(value, archs.where() + ": " + arch).string("lowered_name");
+    // The launch code of the Hopper roles runs them only from sm_90a binaries.
+    const bool hopper = kernel.role.size() > 5 &&
+                        kernel.role.compare(kernel.role.size() - 5, 5, "_sm90") == 0;
+    if (hopper && kernel.requiredTarget != codegen::kSm90Target)
+      entry.fail("required_target", "kernel '" + kernel.role + "' must require " +
+                                        codegen::kSm90Target + ", got '" +
+                                        kernel.requiredTarget + "'");
     spec.kernels.push_back(std::move(kernel));
   }
-  for (const char *role : {"attention_forward", "attention_backward_preprocess",
-                           "attention_backward", "attention_backward_grad_q"}) {
-    bool found = false;
+  auto hasRole = [&](const std::string &role) {
     for (const BundleKernel &kernel : spec.kernels)
-      found = found || kernel.role == role;
-    if (!found)
-      module.fail("kernels", std::string("no kernel with role '") + role + "'");
+      if (kernel.role == role)
+        return true;
+    return false;
+  };
+  auto requireRoles = [&](std::initializer_list<const char *> roles) {
+    for (const char *role : roles)
+      if (!hasRole(role))
+        module.fail("kernels", std::string("no kernel with role '") + role + "'");
+  };
+  requireRoles({"attention_forward", "attention_backward_preprocess", "attention_backward",
+                "attention_backward_grad_q"});
+  JsonObject launch = module.object("launch");
+  spec.forward = parseLaunch(launch, "dflex_forward_launch", false);
+  spec.backward = parseLaunch(launch, "dflex_backward_launch", true);
+  // Each pass's Hopper kernels come as a set, with their own launch constants.
+  if (hasRole("attention_forward_sm90"))
+    spec.forwardSm90 = parseLaunch(launch, "dflex_forward_sm90_launch", false);
+  if (hasRole("attention_backward_sm90") || hasRole("attention_backward_preprocess_sm90") ||
+      hasRole("attention_backward_grad_q_sm90")) {
+    requireRoles({"attention_forward_sm90", "attention_backward_preprocess_sm90",
+                  "attention_backward_sm90", "attention_backward_grad_q_sm90"});
+    spec.backwardSm90 = parseLaunch(launch, "dflex_backward_sm90_launch", true);
   }
 
   JsonObject binaries = module.object("binaries");
@@ -158,9 +179,15 @@ AttentionKernelSpec parseAttention(const JsonObject &module) {
       binary.cubinFile = entry.string("cubin");
       binary.cubinSha256 = entry.string("cubin_sha256");
     }
-    for (const BundleKernel &kernel : spec.kernels)
-      if (!kernel.loweredNames.count(arch))
+    // A binary has exactly the kernels its arch builds.
+    for (const BundleKernel &kernel : spec.kernels) {
+      const bool built = codegen::buildsFor(kernel.requiredTarget, arch);
+      if (built && !kernel.loweredNames.count(arch))
         entry.fail("ptx", "kernel '" + kernel.role + "' has no lowered name for " + arch);
+      if (!built && kernel.loweredNames.count(arch))
+        entry.fail("ptx", "kernel '" + kernel.role + "' needs " + kernel.requiredTarget +
+                              " but has a lowered name for " + arch);
+    }
     spec.binaries[arch] = std::move(binary);
   }
   spec.sourceFile = module.string("source_file");
@@ -182,6 +209,13 @@ const BundleKernel &AttentionKernelSpec::kernel(const std::string &role) const {
     if (kernel.role == role)
       return kernel;
   throw FormatError("attention spec '" + name + "' has no kernel with role '" + role + "'");
+}
+
+bool AttentionKernelSpec::hasKernel(const std::string &role, const std::string &arch) const {
+  for (const BundleKernel &kernel : kernels)
+    if (kernel.role == role)
+      return codegen::buildsFor(kernel.requiredTarget, arch);
+  return false;
 }
 
 std::vector<std::string> AttentionKernelSpec::captureNames() const {
@@ -287,19 +321,19 @@ std::shared_ptr<const KernelBundle> KernelBundle::openCached(const std::string &
 
 KernelImage KernelBundle::kernelImage(const AttentionKernelSpec &spec,
                                       const std::string &arch) const {
-  for (const std::string &candidate : {arch, arch + "a"}) {
-    auto found = spec.binaries.find(candidate);
-    if (found == spec.binaries.end() || found->second.cubinFile.empty())
-      continue;
+  if (auto found = spec.binaries.find(arch);
+      found != spec.binaries.end() && !found->second.cubinFile.empty()) {
     KernelImage image;
     image.image = readVerified(found->second.cubinFile, found->second.cubinSha256);
     image.label = path(found->second.cubinFile);
     for (const BundleKernel &kernel : spec.kernels)
-      image.loweredNames[kernel.role] = kernel.loweredNames.at(candidate);
+      if (auto lowered = kernel.loweredNames.find(arch); lowered != kernel.loweredNames.end())
+        image.loweredNames[kernel.role] = lowered->second;
     return image;
   }
 
-  // The request dflex-compile makes, so that both share cache entries.
+  // The request dflex-compile makes for the arch, so that both share cache
+  // entries.
   compile::CompileRequest request;
   request.source = readVerified(spec.sourceFile, spec.sourceSha256);
   request.programName = spec.name + ".cu";
@@ -307,12 +341,21 @@ KernelImage KernelBundle::kernelImage(const AttentionKernelSpec &spec,
   request.options = {"-std=c++17"};
   for (const codegen::EmbeddedHeader &header : codegen::kernelHeaders())
     request.headers.push_back({header.name, header.contents});
+  std::vector<const BundleKernel *> built;
   for (const BundleKernel &kernel : spec.kernels)
-    request.nameExpressions.push_back(kernel.nameExpression);
-  request.dynamicSharedBytes[spec.kernel("attention_forward").nameExpression] =
-      static_cast<uint64_t>(spec.forward.sharedBytes);
-  request.dynamicSharedBytes[spec.kernel("attention_backward").nameExpression] =
-      static_cast<uint64_t>(spec.backward.sharedBytes);
+    if (codegen::buildsFor(kernel.requiredTarget, arch)) {
+      request.nameExpressions.push_back(kernel.nameExpression);
+      built.push_back(&kernel);
+    }
+  auto sharedBytes = [&](const char *role, const std::optional<AttentionLaunch> &launch) {
+    if (launch && spec.hasKernel(role, arch))
+      request.dynamicSharedBytes[spec.kernel(role).nameExpression] =
+          static_cast<uint64_t>(launch->sharedBytes);
+  };
+  sharedBytes("attention_forward", spec.forward);
+  sharedBytes("attention_backward", spec.backward);
+  sharedBytes("attention_forward_sm90", spec.forwardSm90);
+  sharedBytes("attention_backward_sm90", spec.backwardSm90);
   cache::CacheConfig config;
   config.warningSink = cache::stderrWarningSink();
   cache::KernelCache kernelCache(config);
@@ -329,12 +372,12 @@ KernelImage KernelBundle::kernelImage(const AttentionKernelSpec &spec,
   image.compiled = true;
   if (image.image.empty())
     throw FormatError(image.label + ": NVRTC gave no cubin for " + arch);
-  for (const BundleKernel &kernel : spec.kernels) {
-    std::string lowered = binary.loweredName(kernel.nameExpression);
+  for (const BundleKernel *kernel : built) {
+    std::string lowered = binary.loweredName(kernel->nameExpression);
     if (lowered.empty())
       throw FormatError(image.label + ": NVRTC gave no lowered name for " +
-                        kernel.nameExpression);
-    image.loweredNames[kernel.role] = lowered;
+                        kernel->nameExpression);
+    image.loweredNames[kernel->role] = lowered;
   }
   return image;
 }

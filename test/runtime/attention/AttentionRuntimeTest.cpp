@@ -110,15 +110,31 @@ expr::Program softcapBiasScoreMod() {
 constexpr int kQHeads = 4, kKvHeads = 2, kHeadDim = 8;
 constexpr float kScale = 0.35355339f;
 
-/// Writes a bundle with spec "windowed" (and, with `scoreMod`, spec
-/// "windowed_softcap") whose manifest `edit` may alter.
+/// What a test bundle holds: binaries per arch and which Hopper kernels
+/// the sm_90a (and compute_90a) binaries list.
+struct BundleContents {
+  std::vector<std::string> archs{"sm_90"};
+  bool hopperForward = false;
+  bool hopperBackward = false;
+};
+
+const std::vector<const char *> kPortableRoles = {
+    "attention_forward", "attention_backward_preprocess", "attention_backward",
+    "attention_backward_grad_q"};
+const std::vector<const char *> kHopperBackwardRoles = {
+    "attention_backward_preprocess_sm90", "attention_backward_sm90",
+    "attention_backward_grad_q_sm90"};
+
+/// Writes a bundle with spec "windowed" and spec "windowed_softcap" whose
+/// manifest `edit` may alter.
 void writeBundle(const std::string &directory,
-                 const std::function<void(JsonValue &)> &edit = {}) {
+                 const std::function<void(JsonValue &)> &edit = {},
+                 const BundleContents &contents = {}) {
   const expr::Program mask = documentWindowMask();
   const expr::Program scoreMod = softcapBiasScoreMod();
   JsonValue manifest = JsonValue::object();
   manifest["format_version"] = 1;
-  manifest["template_version"] = "dflex-templates-1";
+  manifest["template_version"] = codegen::kTemplateVersion;
   JsonValue modules = JsonValue::array();
   for (bool withScoreMod : {false, true}) {
     const std::string name = withScoreMod ? "windowed_softcap" : "windowed";
@@ -153,29 +169,58 @@ void writeBundle(const std::string &directory,
     launch["dflex_backward_launch"]["block_m"] = 16;
     launch["dflex_backward_launch"]["block_n"] = 32;
     launch["dflex_backward_launch"]["row_kernel_threads"] = 256;
+    // The Hopper kernels' launch constants as dflex-compile reads them for head_dim 128.
+    if (contents.hopperForward) {
+      launch["dflex_forward_sm90_launch"]["threads"] = 384;
+      launch["dflex_forward_sm90_launch"]["shared_bytes"] = 164920;
+      launch["dflex_forward_sm90_launch"]["block_m"] = 128;
+      launch["dflex_forward_sm90_launch"]["block_n"] = 128;
+    }
+    if (contents.hopperBackward) {
+      launch["dflex_backward_sm90_launch"]["threads"] = 384;
+      launch["dflex_backward_sm90_launch"]["shared_bytes"] = 231464;
+      launch["dflex_backward_sm90_launch"]["block_m"] = 64;
+      launch["dflex_backward_sm90_launch"]["block_n"] = 128;
+      launch["dflex_backward_sm90_launch"]["row_kernel_threads"] = 256;
+    }
     module["launch"] = launch;
     JsonValue kernels = JsonValue::array();
-    for (const char *role : {"attention_forward", "attention_backward_preprocess",
-                             "attention_backward", "attention_backward_grad_q"}) {
+    auto addKernel = [&](const std::string &role, bool hopper) {
       JsonValue kernel = JsonValue::object();
       kernel["role"] = role;
-      kernel["name_expression"] = std::string("kernel<") + role + ">";
-      kernel["archs"]["sm_90"]["lowered_name"] = std::string("_Z") + role;
+      kernel["name_expression"] = "kernel<" + role + ">";
+      if (hopper)
+        kernel["required_target"] = "sm_90a";
+      kernel["archs"] = JsonValue::object();
+      for (const std::string &arch : contents.archs)
+        if (!hopper || arch == "sm_90a" || arch == "compute_90a")
+          kernel["archs"][arch]["lowered_name"] = "_Z" + role + "_" + arch;
       kernels.push(kernel);
-    }
+    };
+    for (const char *role : kPortableRoles)
+      addKernel(role, false);
+    if (contents.hopperForward)
+      addKernel("attention_forward_sm90", true);
+    if (contents.hopperBackward)
+      for (const char *role : kHopperBackwardRoles)
+        addKernel(role, true);
     module["kernels"] = kernels;
     const std::string source = "// generated source of " + name + "\n";
-    const std::string ptx = "// ptx of " + name + "\n";
-    const std::string cubin = "cubin bytes of " + name;
     test::writeBytes(directory + "/" + name + ".cu", source);
-    test::writeBytes(directory + "/" + name + ".sm_90.ptx", ptx);
-    test::writeBytes(directory + "/" + name + ".sm_90.cubin", cubin);
     module["source_file"] = name + ".cu";
     module["source_sha256"] = Sha256::hexDigest(source);
-    module["binaries"]["sm_90"]["ptx"] = name + ".sm_90.ptx";
-    module["binaries"]["sm_90"]["ptx_sha256"] = Sha256::hexDigest(ptx);
-    module["binaries"]["sm_90"]["cubin"] = name + ".sm_90.cubin";
-    module["binaries"]["sm_90"]["cubin_sha256"] = Sha256::hexDigest(cubin);
+    for (const std::string &arch : contents.archs) {
+      const std::string ptx = "// ptx of " + name + " for " + arch + "\n";
+      test::writeBytes(directory + "/" + name + "." + arch + ".ptx", ptx);
+      module["binaries"][arch]["ptx"] = name + "." + arch + ".ptx";
+      module["binaries"][arch]["ptx_sha256"] = Sha256::hexDigest(ptx);
+      if (arch.rfind("sm_", 0) != 0)
+        continue; // compute_XX: PTX only
+      const std::string cubin = "cubin bytes of " + name + " for " + arch;
+      test::writeBytes(directory + "/" + name + "." + arch + ".cubin", cubin);
+      module["binaries"][arch]["cubin"] = name + "." + arch + ".cubin";
+      module["binaries"][arch]["cubin_sha256"] = Sha256::hexDigest(cubin);
+    }
     modules.push(module);
   }
   manifest["modules"] = modules;
@@ -205,11 +250,15 @@ TEST(KernelBundle, OpensAndDescribesItsSpecs) {
   EXPECT_EQ(spec.forward.blockM, 32);
   EXPECT_EQ(spec.backward.blockN, 32);
   EXPECT_EQ(spec.backward.rowKernelThreads, 256);
-  EXPECT_EQ(spec.kernel("attention_backward").loweredNames.at("sm_90"), "_Zattention_backward");
+  EXPECT_EQ(spec.kernel("attention_backward").loweredNames.at("sm_90"),
+            "_Zattention_backward_sm_90");
   EXPECT_EQ(spec.binaries.at("sm_90").cubinFile, "windowed_softcap.sm_90.cubin");
   EXPECT_EQ(bundle->readVerified(spec.binaries.at("sm_90").cubinFile,
                                  spec.binaries.at("sm_90").cubinSha256),
-            "cubin bytes of windowed_softcap");
+            "cubin bytes of windowed_softcap for sm_90");
+  EXPECT_FALSE(spec.forwardSm90.has_value());
+  EXPECT_FALSE(spec.backwardSm90.has_value());
+  EXPECT_FALSE(spec.hasKernel("attention_forward_sm90", "sm_90a"));
 }
 
 TEST(KernelBundle, MissingDirectoryOrManifestNamesThePath) {
@@ -244,6 +293,24 @@ TEST(KernelBundle, UnknownSpecListsTheKnownOnes) {
                             dir.path().string()});
 }
 
+/// Writes a bundle of `contents` that `edit` spoils and expects opening it
+/// to fail with a message naming the manifest and holding `fragments`.
+void expectBadManifest(const std::function<void(JsonValue &)> &edit,
+                       const BundleContents &contents,
+                       const std::vector<std::string> &fragments) {
+  TempDir dir;
+  writeBundle(dir.path().string(), edit, contents);
+  try {
+    KernelBundle::open(dir.path().string());
+    ADD_FAILURE() << "accepted";
+  } catch (const FormatError &error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(dir.file("manifest.json")), std::string::npos) << message;
+    for (const std::string &fragment : fragments)
+      EXPECT_NE(message.find(fragment), std::string::npos) << message;
+  }
+}
+
 TEST(KernelBundle, BadManifestsAreNamedAndExplained) {
   struct Case {
     const char *what;
@@ -273,17 +340,85 @@ TEST(KernelBundle, BadManifestsAreNamedAndExplained) {
   };
   for (const Case &c : cases) {
     SCOPED_TRACE(c.what);
-    TempDir dir;
-    writeBundle(dir.path().string(), c.edit);
-    try {
-      KernelBundle::open(dir.path().string());
-      ADD_FAILURE() << "accepted";
-    } catch (const FormatError &error) {
-      const std::string message = error.what();
-      EXPECT_NE(message.find(dir.file("manifest.json")), std::string::npos) << message;
-      for (const std::string &fragment : c.fragments)
-        EXPECT_NE(message.find(fragment), std::string::npos) << message;
-    }
+    expectBadManifest(c.edit, {}, c.fragments);
+  }
+}
+
+TEST(KernelBundle, HopperKernelsArePerArch) {
+  TempDir dir;
+  writeBundle(dir.path().string(), {}, {{"sm_90a", "sm_120"}, true, true});
+  auto bundle = KernelBundle::open(dir.path().string());
+  const AttentionKernelSpec &spec = bundle->attention("windowed");
+  ASSERT_TRUE(spec.forwardSm90.has_value());
+  ASSERT_TRUE(spec.backwardSm90.has_value());
+  EXPECT_EQ(spec.forwardSm90->threads, 384);
+  EXPECT_EQ(spec.forwardSm90->blockN, 128);
+  EXPECT_EQ(spec.backwardSm90->blockM, 64);
+  EXPECT_EQ(spec.backwardSm90->rowKernelThreads, 256);
+  EXPECT_EQ(spec.kernel("attention_backward_sm90").requiredTarget, "sm_90a");
+  EXPECT_EQ(spec.kernel("attention_backward_sm90").loweredNames,
+            (std::map<std::string, std::string>{{"sm_90a", "_Zattention_backward_sm90_sm_90a"}}));
+  EXPECT_EQ(spec.kernel("attention_backward").loweredNames.size(), 2u);
+  for (const char *role : {"attention_forward_sm90", "attention_backward_grad_q_sm90"}) {
+    EXPECT_TRUE(spec.hasKernel(role, "sm_90a")) << role;
+    EXPECT_TRUE(spec.hasKernel(role, "compute_90a")) << role;
+    EXPECT_FALSE(spec.hasKernel(role, "sm_90")) << role;
+    EXPECT_FALSE(spec.hasKernel(role, "sm_120")) << role;
+  }
+  EXPECT_TRUE(spec.hasKernel("attention_forward", "sm_120"));
+}
+
+TEST(KernelBundle, BadHopperManifestsAreNamedAndExplained) {
+  auto kernelOf = [](JsonValue &m, const std::string &role) -> JsonValue & {
+    for (JsonValue &kernel : firstModule(m)["kernels"].asArray())
+      if (kernel["role"].asString() == role)
+        return kernel;
+    throw std::logic_error("no kernel " + role);
+  };
+  auto removeKernel = [](JsonValue &m, const std::string &role) {
+    auto &kernels = firstModule(m)["kernels"].asArray();
+    for (auto it = kernels.begin(); it != kernels.end(); ++it)
+      if ((*it)["role"].asString() == role) {
+        kernels.erase(it);
+        return;
+      }
+  };
+  struct Case {
+    const char *what;
+    std::function<void(JsonValue &)> edit;
+    std::vector<std::string> fragments;
+  };
+  const std::vector<Case> cases = {
+      {"hopper kernel in another arch's binary",
+       [&](JsonValue &m) {
+         kernelOf(m, "attention_forward_sm90")["archs"]["sm_120"]["lowered_name"] = "_Zx";
+       },
+       {"binaries: sm_120", "'attention_forward_sm90' needs sm_90a but has a lowered name for sm_120"}},
+      {"hopper kernel missing from sm_90a",
+       [&](JsonValue &m) {
+         kernelOf(m, "attention_backward_sm90")["archs"] = JsonValue::object();
+       },
+       {"'attention_backward_sm90' has no lowered name for sm_90a"}},
+      {"hopper kernel for every arch",
+       [&](JsonValue &m) {
+         kernelOf(m, "attention_forward_sm90")["required_target"] = "";
+       },
+       {"required_target", "'attention_forward_sm90' must require sm_90a"}},
+      {"incomplete hopper backward",
+       [&](JsonValue &m) { removeKernel(m, "attention_backward_grad_q_sm90"); },
+       {"no kernel with role 'attention_backward_grad_q_sm90'"}},
+      {"hopper backward without its forward",
+       [&](JsonValue &m) { removeKernel(m, "attention_forward_sm90"); },
+       {"no kernel with role 'attention_forward_sm90'"}},
+      {"hopper launch constants missing",
+       [&](JsonValue &m) {
+         firstModule(m)["launch"].asObject().erase("dflex_backward_sm90_launch");
+       },
+       {"dflex_backward_sm90_launch"}},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.what);
+    expectBadManifest(c.edit, {{"sm_90a", "sm_120"}, true, true}, c.fragments);
   }
 }
 
@@ -363,13 +498,15 @@ TEST(AttentionCaptures, MismatchesAreExplained) {
 }
 
 /// Checks a tile list against the mask evaluated at every pair: a listed
-/// full tile is visible everywhere, an unlisted tile nowhere.
-void checkTileList(const AttentionKernelSpec &spec, const analysis::TileList &list,
+/// full tile is visible everywhere, an unlisted tile nowhere; tiles of
+/// `launch`'s sizes.
+void checkTileList(const AttentionLaunch &launch, const analysis::TileList &list,
                    const torch::Tensor &mask, bool forward) {
   const int64_t batch = mask.size(0), heads = mask.size(1);
   const int64_t queryLength = mask.size(2), keyLength = mask.size(3);
-  const int64_t queryTile = forward ? spec.forward.blockM : spec.backward.blockM;
-  const int64_t keyTile = forward ? spec.forward.blockN : spec.backward.blockN;
+  const int64_t queryTile = launch.blockM, keyTile = launch.blockN;
+  ASSERT_EQ(list.queryTile, queryTile);
+  ASSERT_EQ(list.keyTile, keyTile);
   const int64_t queryTiles = (queryLength + queryTile - 1) / queryTile;
   const int64_t keyTiles = (keyLength + keyTile - 1) / keyTile;
   ASSERT_EQ(list.rowTiles, forward ? queryTiles : keyTiles);
@@ -405,24 +542,157 @@ void checkTileList(const AttentionKernelSpec &spec, const analysis::TileList &li
   EXPECT_GT(listedFull + listedPartial, 0);
 }
 
-TEST(AttentionTileList, CoversTheMaskExactly) {
+TEST(AttentionTileList, CoversTheMaskExactlyAtTheTilesOfEitherKernels) {
   TempDir dir;
-  writeBundle(dir.path().string());
+  writeBundle(dir.path().string(), {}, {{"sm_90a"}, true, true});
   auto bundle = KernelBundle::open(dir.path().string());
   const AttentionKernelSpec &spec = bundle->attention("windowed");
-  for (auto [length, window] : {std::pair<int64_t, int64_t>{77, 20}, {130, 1000}, {45, 1}}) {
-    SCOPED_TRACE("length " + std::to_string(length) + " window " + std::to_string(window));
-    Problem p = makeProblem(2, length, window, 7 + length);
-    const std::vector<torch::Tensor> captures = p.captures(false);
-    torch::Tensor mask = attentionMask(spec, captures, p.batch, p.queryLength, p.keyLength);
-    checkTileList(spec,
-                  attentionTileList(spec, captures, analysis::TileListKind::Forward, p.batch,
-                                    p.queryLength, p.keyLength),
-                  mask, true);
-    checkTileList(spec,
-                  attentionTileList(spec, captures, analysis::TileListKind::Backward, p.batch,
-                                    p.queryLength, p.keyLength),
-                  mask, false);
+  for (AttentionKernelChoice choice : {AttentionKernelChoice::Portable, AttentionKernelChoice::Sm90}) {
+    const AttentionKernelPlan plan = planAttentionKernels(spec, 90, choice);
+    ASSERT_EQ(plan.forward.sm90, choice == AttentionKernelChoice::Sm90);
+    for (auto [length, window] : {std::pair<int64_t, int64_t>{77, 20}, {130, 1000}, {45, 1},
+                                  {300, 150}, {520, 40}}) {
+      SCOPED_TRACE("sm90 " + std::to_string(plan.forward.sm90) + " length " +
+                   std::to_string(length) + " window " + std::to_string(window));
+      Problem p = makeProblem(2, length, window, 7 + length);
+      const std::vector<torch::Tensor> captures = p.captures(false);
+      torch::Tensor mask = attentionMask(spec, captures, p.batch, p.queryLength, p.keyLength);
+      const analysis::AttentionTileLists lists =
+          attentionTileLists(spec, plan, captures, p.batch, p.queryLength, p.keyLength);
+      ASSERT_TRUE(lists.ok()) << lists.error;
+      checkTileList(plan.forward.launch, lists.forward, mask, true);
+      checkTileList(plan.backward.launch, lists.backward, mask, false);
+    }
+  }
+}
+
+// --- Kernel choice --------------------------------------------------------------
+
+TEST(AttentionKernelChoice, ReadsTheEnvironment) {
+  struct Restore {
+    ~Restore() { unsetenv("DFLEX_ATTENTION_KERNELS"); }
+  } restore;
+  unsetenv("DFLEX_ATTENTION_KERNELS");
+  EXPECT_EQ(attentionKernelChoice(), AttentionKernelChoice::Auto);
+  const std::vector<std::pair<const char *, AttentionKernelChoice>> values = {
+      {"", AttentionKernelChoice::Auto},
+      {"auto", AttentionKernelChoice::Auto},
+      {"portable", AttentionKernelChoice::Portable},
+      {"sm90", AttentionKernelChoice::Sm90}};
+  for (const auto &[value, choice] : values) {
+    ASSERT_EQ(setenv("DFLEX_ATTENTION_KERNELS", value, 1), 0);
+    EXPECT_EQ(attentionKernelChoice(), choice) << value;
+  }
+  ASSERT_EQ(setenv("DFLEX_ATTENTION_KERNELS", "Hopper", 1), 0);
+  expectError<FormatError>([] { attentionKernelChoice(); },
+                           {"DFLEX_ATTENTION_KERNELS='Hopper'", "auto, portable or sm90"});
+}
+
+/// planAttentionKernels for `spec` on `computeCapability` with `choice`,
+/// checked against the expected binary and kernels of each pass.
+void expectPlan(const AttentionKernelSpec &spec, int computeCapability,
+                AttentionKernelChoice choice, const std::string &arch, bool compiled,
+                bool sm90Forward, bool sm90Backward) {
+  const AttentionKernelPlan plan = planAttentionKernels(spec, computeCapability, choice);
+  EXPECT_EQ(plan.arch, arch);
+  EXPECT_EQ(plan.compiled, compiled);
+  EXPECT_EQ(plan.forward.sm90, sm90Forward);
+  EXPECT_EQ(plan.backward.sm90, sm90Backward);
+  // The tiles of the kernels that run, for the tile lists.
+  const AttentionLaunch &forward = sm90Forward ? *spec.forwardSm90 : spec.forward;
+  const AttentionLaunch &backward = sm90Backward ? *spec.backwardSm90 : spec.backward;
+  EXPECT_EQ(plan.forward.launch.blockM, forward.blockM);
+  EXPECT_EQ(plan.forward.launch.blockN, forward.blockN);
+  EXPECT_EQ(plan.forward.launch.threads, forward.threads);
+  EXPECT_EQ(plan.forward.launch.sharedBytes, forward.sharedBytes);
+  EXPECT_EQ(plan.backward.launch.blockM, backward.blockM);
+  EXPECT_EQ(plan.backward.launch.blockN, backward.blockN);
+  EXPECT_EQ(plan.backward.launch.threads, backward.threads);
+  EXPECT_EQ(plan.backward.launch.sharedBytes, backward.sharedBytes);
+}
+
+TEST(AttentionKernelPlan, HopperKernelsOnSm90DevicesFromSm90aBinaries) {
+  using Choice = AttentionKernelChoice;
+  TempDir dir;
+  writeBundle(dir.path().string(), {}, {{"sm_90a", "sm_120"}, true, true});
+  auto bundle = KernelBundle::open(dir.path().string());
+  AttentionKernelSpec spec = bundle->attention("windowed");
+  {
+    SCOPED_TRACE("sm_90 device");
+    expectPlan(spec, 90, Choice::Auto, "sm_90a", false, true, true);
+    expectPlan(spec, 90, Choice::Sm90, "sm_90a", false, true, true);
+    expectPlan(spec, 90, Choice::Portable, "sm_90a", false, false, false);
+    const AttentionKernelPlan plan = planAttentionKernels(spec, 90, Choice::Auto);
+    EXPECT_EQ(plan.forward.launch.blockM, 128);
+    EXPECT_EQ(plan.forward.launch.blockN, 128);
+    EXPECT_EQ(plan.backward.launch.blockM, 64);
+    EXPECT_EQ(plan.backward.launch.blockN, 128);
+  }
+  {
+    SCOPED_TRACE("sm_120 device");
+    expectPlan(spec, 120, Choice::Auto, "sm_120", false, false, false);
+    expectError<FormatError>([&] { planAttentionKernels(spec, 120, Choice::Sm90); },
+                             {"DFLEX_ATTENTION_KERNELS=sm90", "'windowed'",
+                              "sm_90 devices", "this one is sm_120"});
+  }
+  {
+    SCOPED_TRACE("a device the bundle has no binary for");
+    expectPlan(spec, 80, Choice::Auto, "sm_80", true, false, false);
+  }
+  {
+    SCOPED_TRACE("sm_90a binary missing: compiled for sm_90a at run time");
+    AttentionKernelSpec withoutBinary = spec;
+    withoutBinary.binaries.erase("sm_90a");
+    expectPlan(withoutBinary, 90, Choice::Auto, "sm_90a", true, true, true);
+    expectPlan(withoutBinary, 90, Choice::Portable, "sm_90a", true, false, false);
+  }
+}
+
+TEST(AttentionKernelPlan, PortableKernelsWhereNoHopperOnesAre) {
+  using Choice = AttentionKernelChoice;
+  {
+    SCOPED_TRACE("bundle without sm_90a");
+    TempDir dir;
+    writeBundle(dir.path().string(), {}, {{"sm_90", "sm_120"}, false, false});
+    auto bundle = KernelBundle::open(dir.path().string());
+    AttentionKernelSpec spec = bundle->attention("windowed");
+    expectPlan(spec, 90, Choice::Auto, "sm_90", false, false, false);
+    expectError<FormatError>([&] { planAttentionKernels(spec, 90, Choice::Sm90); },
+                             {"has no sm_90a kernels here", "head_dim 8 has none"});
+    spec.qkHeadDim = spec.vHeadDim = 128;
+    expectError<FormatError>([&] { planAttentionKernels(spec, 90, Choice::Sm90); },
+                             {"compiled without them", "--arch sm_90a"});
+    spec.binaries.clear();
+    expectPlan(spec, 90, Choice::Auto, "sm_90", true, false, false);
+  }
+  {
+    SCOPED_TRACE("a Hopper forward only (head_dim 64)");
+    TempDir dir;
+    writeBundle(dir.path().string(), {}, {{"sm_90a"}, true, false});
+    auto bundle = KernelBundle::open(dir.path().string());
+    const AttentionKernelSpec &spec = bundle->attention("windowed");
+    expectPlan(spec, 90, Choice::Auto, "sm_90a", false, true, false);
+    expectPlan(spec, 90, Choice::Sm90, "sm_90a", false, true, false);
+  }
+  {
+    SCOPED_TRACE("sm_90 and sm_90a binaries");
+    TempDir dir;
+    writeBundle(dir.path().string(), {}, {{"sm_90", "sm_90a"}, true, true});
+    auto bundle = KernelBundle::open(dir.path().string());
+    AttentionKernelSpec spec = bundle->attention("windowed");
+    expectPlan(spec, 90, Choice::Auto, "sm_90a", false, true, true);
+    spec.qkHeadDim = spec.vHeadDim = 128;
+    spec.binaries.erase("sm_90a");
+    expectPlan(spec, 90, Choice::Auto, "sm_90", false, false, false);
+    expectError<FormatError>([&] { planAttentionKernels(spec, 90, Choice::Sm90); },
+                             {"the bundle's sm_90 binary does not have them"});
+  }
+  {
+    SCOPED_TRACE("compute_90a: PTX only, compiled at run time");
+    TempDir dir;
+    writeBundle(dir.path().string(), {}, {{"compute_90a"}, true, true});
+    auto bundle = KernelBundle::open(dir.path().string());
+    expectPlan(bundle->attention("windowed"), 90, Choice::Auto, "sm_90a", true, true, true);
   }
 }
 

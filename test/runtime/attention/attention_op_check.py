@@ -6,11 +6,13 @@ dense float64 PyTorch implementation, for every example spec:
 DIR holds one bundle per example (make_bundles.py). Checks the mask the op
 evaluates against the case's restatement of it, o and lse, the gradients of
 q, k and v against autograd of the dense version, fully masked queries
-(o = 0, lse = -inf, zero gradients, no NaN), and that bundle and capture
-errors name what is wrong.
+(o = 0, lse = -inf, zero gradients, no NaN), that bundle and capture
+errors name what is wrong, and which kernels the CUDA path would run on
+sm_90 and sm_120 devices under each DFLEX_ATTENTION_KERNELS value.
 """
 import argparse
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -137,6 +139,47 @@ def check_errors(bundles):
     print("errors: ok")
 
 
+def check_kernel_choice(bundles):
+    """attention_kernels: the binary and kernels per device and DFLEX_ATTENTION_KERNELS."""
+    saved = os.environ.pop("DFLEX_ATTENTION_KERNELS", None)
+    try:
+        for case in CASES:
+            bundle = str(bundles / case.name)
+            head_dim = spec_attributes(bundles / case.name, case.spec)["qk_head_dim"]
+            forward = "sm90" if head_dim in (64, 128) else "portable"
+            backward = "sm90" if head_dim == 128 else "portable"
+            plans = {}
+            for choice in ("auto", "portable", "sm90"):
+                os.environ["DFLEX_ATTENTION_KERNELS"] = choice
+                for capability in (90, 120):
+                    try:
+                        plans[choice, capability] = torch.ops.dflex.attention_kernels(bundle, case.spec, capability)
+                    except RuntimeError as error:
+                        plans[choice, capability] = str(error)
+            expected = {
+                ("auto", 90): ["sm_90a", "bundle", forward, backward],
+                ("portable", 90): ["sm_90a", "bundle", "portable", "portable"],
+                ("auto", 120): ["sm_120", "bundle", "portable", "portable"],
+                ("portable", 120): ["sm_120", "bundle", "portable", "portable"],
+            }
+            if forward == "sm90":
+                expected["sm90", 90] = ["sm_90a", "bundle", forward, backward]
+            for key, want in expected.items():
+                assert plans[key] == want, f"{case.name} {key}: {plans[key]}, expected {want}"
+            refusals = {capability: plans["sm90", capability] for capability in (120,) + ((90,) if forward == "portable" else ())}
+            for capability, refusal in refusals.items():
+                reason = "this one is sm_120" if forward == "sm90" else f"head_dim {head_dim} has none"
+                assert isinstance(refusal, str) and reason in refusal, f"{case.name} sm90 on {capability}: {refusal}"
+        os.environ["DFLEX_ATTENTION_KERNELS"] = "fastest"
+        expect_error(lambda: torch.ops.dflex.attention_kernels(str(bundles / "causal"), "causal_attention", 90),
+                     "DFLEX_ATTENTION_KERNELS='fastest'", "auto, portable or sm90")
+    finally:
+        os.environ.pop("DFLEX_ATTENTION_KERNELS", None)
+        if saved is not None:
+            os.environ["DFLEX_ATTENTION_KERNELS"] = saved
+    print("kernel choice: ok")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--library", required=True)
@@ -148,6 +191,7 @@ def main():
     generator = torch.Generator().manual_seed(args.seed)
     passed = all([check_case(case, args.bundles / case.name, generator) for case in CASES])
     check_errors(args.bundles)
+    check_kernel_choice(args.bundles)
     if not passed:
         sys.exit("attention_op_check: FAILED")
     print("attention_op_check: all cases pass")

@@ -57,10 +57,51 @@ torch::Tensor attentionMask(const AttentionKernelSpec &spec,
                             const std::vector<torch::Tensor> &captures, int64_t batch,
                             int64_t queryLength, int64_t keyLength);
 
-/// The tile list the CUDA path builds for one pass (for tests).
-analysis::TileList attentionTileList(const AttentionKernelSpec &spec,
-                                     const std::vector<torch::Tensor> &captures,
-                                     analysis::TileListKind kind, int64_t batch,
-                                     int64_t queryLength, int64_t keyLength);
+/// Which kernels the CUDA path launches, from DFLEX_ATTENTION_KERNELS:
+/// `auto` (unset or empty too) runs the Hopper (sm_90a, wgmma) kernels where
+/// the binary has them and the portable ones elsewhere; `portable` always
+/// the portable ones; `sm90` the Hopper ones, an error where there are none
+/// (for A/B comparisons).
+enum class AttentionKernelChoice { Auto, Portable, Sm90 };
+
+/// DFLEX_ATTENTION_KERNELS, read at each call. Throws FormatError on any
+/// other value. The backward of an autograd call runs the choice its
+/// forward made (the tile lists depend on it).
+AttentionKernelChoice attentionKernelChoice();
+
+/// The kernels of one pass: their launch constants (tile sizes for the tile
+/// list) and whether they are the Hopper ones.
+struct AttentionPassKernels {
+  AttentionLaunch launch;
+  bool sm90 = false;
+};
+
+/// What the CUDA path runs for a spec on a device.
+struct AttentionKernelPlan {
+  /// The binary the kernels come from: for compute capability 9.0, the
+  /// bundle's sm_90a cubin, else its sm_90 cubin, else the source compiled
+  /// at run time for sm_90a when the bundle lists kernels that need it, else
+  /// for sm_90 (likewise sm_XXa / sm_XX for other devices).
+  std::string arch;
+  bool compiled = false; // no cubin for `arch` in the bundle
+  AttentionPassKernels forward, backward;
+};
+
+/// The plan for `spec` on a device of `computeCapability` (major * 10 +
+/// minor): a pass runs its Hopper kernels when `choice` allows and the
+/// binary of `arch` has them (head_dim 64: forward only, head_dim 128: both
+/// passes). Throws FormatError, saying why, when `choice` is Sm90 and the
+/// forward has no Hopper kernel.
+AttentionKernelPlan planAttentionKernels(const AttentionKernelSpec &spec, int computeCapability,
+                                         AttentionKernelChoice choice);
+
+/// The tile lists the CUDA path builds for one call running `plan`'s
+/// kernels, both passes from one evaluation of the mask's captures (for
+/// tests).
+analysis::AttentionTileLists attentionTileLists(const AttentionKernelSpec &spec,
+                                                const AttentionKernelPlan &plan,
+                                                const std::vector<torch::Tensor> &captures,
+                                                int64_t batch, int64_t queryLength,
+                                                int64_t keyLength);
 
 } // namespace dflex::runtime

@@ -33,7 +33,9 @@ struct AttentionLaunch {
 struct BundleKernel {
   std::string role;           // "attention_forward", ...
   std::string nameExpression; // what NVRTC lowers
-  std::map<std::string, std::string> loweredNames; // arch -> mangled name
+  /// The arch-specific target it needs ("sm_90a"), empty for every arch.
+  std::string requiredTarget;
+  std::map<std::string, std::string> loweredNames; // arch -> mangled name, archs that have it
 };
 
 /// The files of one arch. The cubin is absent for compute_XX archs.
@@ -51,12 +53,19 @@ struct AttentionKernelSpec : codegen::AttentionSpec {
   /// Capture slots of the kernels' variant: the order of the op's capture
   /// list.
   codegen::VariantLayout layout;
-  AttentionLaunch forward, backward;
+  AttentionLaunch forward, backward; // the portable kernels
+  /// The Hopper (sm_90a) kernels' launch constants, where the bundle has
+  /// them (roles attention_forward_sm90; attention_backward_preprocess_sm90,
+  /// attention_backward_sm90, attention_backward_grad_q_sm90).
+  std::optional<AttentionLaunch> forwardSm90, backwardSm90;
   std::vector<BundleKernel> kernels;
   std::map<std::string, BundleBinary> binaries; // arch -> files
   std::string sourceFile, sourceSha256;
 
   const BundleKernel &kernel(const std::string &role) const;
+  /// Whether a binary for `arch` (the bundle's, or the source compiled for
+  /// it) has the kernel of `role`.
+  bool hasKernel(const std::string &role, const std::string &arch) const;
   std::vector<std::string> captureNames() const;
 };
 
@@ -85,11 +94,12 @@ public:
   const AttentionKernelSpec &attention(const std::string &name) const;
   const std::vector<AttentionKernelSpec> &attentionSpecs() const { return attention_; }
 
-  /// The kernels of `spec` for `arch` ("sm_90"): the bundle's cubin for the
-  /// arch or its arch-specific variant ("sm_90a"), else the bundle's source
-  /// compiled for the arch by NVRTC through the kernel cache
-  /// ($DFLEX_CACHE_DIR, else ~/.cache/dflex), with the request dflex-compile
-  /// makes. Throws FormatError when that fails.
+  /// The kernels of `spec` for `arch` ("sm_90a", "sm_120"): the bundle's
+  /// cubin for it, else the bundle's source compiled for it by NVRTC through
+  /// the kernel cache ($DFLEX_CACHE_DIR, else ~/.cache/dflex), with the
+  /// request dflex-compile makes (the kernels `arch` builds). Throws
+  /// FormatError when that fails. planAttentionKernels (Attention.h) picks
+  /// the arch for a device.
   KernelImage kernelImage(const AttentionKernelSpec &spec, const std::string &arch) const;
 
   /// Contents of a bundle file, checked against `sha256`.
