@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """dflex attention against torch.compile'd flex_attention, in one process.
 
-usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--quick]
+usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--quick] [--kernels LIST]
 
 BUNDLES_DIR holds one bundle per example (dflex-compile output). For each
 shape: forward and forward+backward time (CUDA events, median), peak memory
 above the inputs, and the flex/dflex ratio; then the cost of a new anchor
 layout (dflex: the op call builds tile lists; flex: create_block_mask, and a
 recompile per new anchor count). Prints JSON rows and a table last.
+
+--kernels LIST: comma-separated DFLEX_ATTENTION_KERNELS values (auto,
+portable, sm90); dflex is measured once per value, against the same flex
+run (default: the environment's DFLEX_ATTENTION_KERNELS, else auto). Each
+row names the binary and kernels that ran.
 """
 
 import json
@@ -18,28 +23,20 @@ import time
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from timing import median_ms
+
 LIB, BUNDLES = sys.argv[1], sys.argv[2]
 QUICK = "--quick" in sys.argv
+KERNELS = [os.environ.get("DFLEX_ATTENTION_KERNELS") or "auto"]
+for i, arg in enumerate(sys.argv):
+    if arg.startswith("--kernels="):
+        KERNELS = arg.split("=", 1)[1].split(",")
+    elif arg == "--kernels":
+        KERNELS = sys.argv[i + 1].split(",")
 torch.ops.load_library(LIB)
 dev, dt = "cuda", torch.bfloat16
 BLOCK = 16
 rows = []
-
-
-def bench(fn, iters=10, warm=3):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def measure(name, forward, make_inputs):
@@ -48,14 +45,14 @@ def measure(name, forward, make_inputs):
     q, k, v, do = make_inputs()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    fwd = bench(lambda: forward(q, k, v))
+    fwd = median_ms(lambda: forward(q, k, v))
 
     def fwd_bwd():
         o = forward(q, k, v)
         o.backward(do)
         q.grad = k.grad = v.grad = None
 
-    fwdbwd = bench(fwd_bwd)
+    fwdbwd = median_ms(fwd_bwd)
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     return dict(impl=name, fwd_ms=round(fwd, 3), fwdbwd_ms=round(fwdbwd, 3), peak_GiB=round(peak, 3))
 
@@ -79,7 +76,17 @@ def dflex_forward(bundle, spec, captures):
         o, _ = torch.ops.dflex.attention(path, spec, q.transpose(1, 2), k.transpose(1, 2),
                                          v.transpose(1, 2), captures())
         return o.transpose(1, 2)
+    forward.bundle, forward.spec = path, spec
     return forward
+
+
+def use_kernels(choice, dflex_fwd):
+    """Sets DFLEX_ATTENTION_KERNELS; returns what the op then runs on this device."""
+    os.environ["DFLEX_ATTENTION_KERNELS"] = choice
+    major, minor = torch.cuda.get_device_capability()
+    arch, source, forward, backward = torch.ops.dflex.attention_kernels(
+        dflex_fwd.bundle, dflex_fwd.spec, major * 10 + minor)
+    return f"{choice}: {arch} {source}, fwd {forward}, bwd {backward}"
 
 
 def random_anchors(count, context):
@@ -92,14 +99,20 @@ def compare(case, batch, hq, hkv, tq, tkv, d, dflex_fwd, mask_mod, extra=None):
     compiled = torch.compile(flex_attention, dynamic=False)
     flex = measure("flex_compiled", lambda q, k, v: compiled(q, k, v, block_mask=block_mask,
                                                              enable_gqa=True), make)
-    ours = measure("dflex", dflex_fwd, make)
-    row = dict(case=case, flex=flex, dflex=ours,
-               fwd_speedup=round(flex["fwd_ms"] / ours["fwd_ms"], 3),
-               fwdbwd_speedup=round(flex["fwdbwd_ms"] / ours["fwdbwd_ms"], 3))
-    if extra:
-        row.update(extra)
-    print(json.dumps(row), flush=True)
-    rows.append(row)
+    for choice in KERNELS:
+        try:
+            kernels = use_kernels(choice, dflex_fwd)
+        except RuntimeError as error:  # e.g. sm90 for a head dim without Hopper kernels
+            print(json.dumps(dict(case=case, kernels=choice, skipped=str(error))), flush=True)
+            continue
+        ours = measure("dflex", dflex_fwd, make)
+        row = dict(case=case, kernels=kernels, flex=flex, dflex=ours,
+                   fwd_speedup=round(flex["fwd_ms"] / ours["fwd_ms"], 3),
+                   fwdbwd_speedup=round(flex["fwdbwd_ms"] / ours["fwdbwd_ms"], 3))
+        if extra:
+            row.update(extra)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
 
 
 # The DFlash training mask: 512 anchors x 16 queries, 8192 context keys + 8192 block keys.
@@ -150,8 +163,9 @@ if not QUICK:
 
 # A new anchor layout each step: dflex builds its tile lists inside the call;
 # flex needs create_block_mask, and compiled flex recompiles for each new
-# anchor count (new query length).
+# anchor count (new query length). dflex runs the first --kernels choice.
 new_layout = []
+os.environ["DFLEX_ATTENTION_KERNELS"] = KERNELS[0]
 for count in (480, 500, 512):
     fresh = random_anchors(count, CONTEXT)
     tq, tkv = count * BLOCK, CONTEXT + count * BLOCK
@@ -186,11 +200,11 @@ for count in (480, 500, 512):
     print(json.dumps(row), flush=True)
     new_layout.append(row)
 
-print("\n| case | flex fwd ms | dflex fwd ms | fwd x | flex fwd+bwd ms | dflex fwd+bwd ms | fwd+bwd x | flex peak GiB | dflex peak GiB |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("\n| case | dflex kernels | flex fwd ms | dflex fwd ms | fwd x | flex fwd+bwd ms | dflex fwd+bwd ms | fwd+bwd x | flex peak GiB | dflex peak GiB |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     f, d = r["flex"], r["dflex"]
-    print(f"| {r['case']} | {f['fwd_ms']} | {d['fwd_ms']} | {r['fwd_speedup']} | {f['fwdbwd_ms']} | "
+    print(f"| {r['case']} | {r['kernels']} | {f['fwd_ms']} | {d['fwd_ms']} | {r['fwd_speedup']} | {f['fwdbwd_ms']} | "
           f"{d['fwdbwd_ms']} | {r['fwdbwd_speedup']} | {f['peak_GiB']} | {d['peak_GiB']} |")
 print("\n| new anchor layout | dflex first fwd+bwd s | flex create_block_mask s | flex first fwd+bwd s |")
 print("|---|---|---|---|")

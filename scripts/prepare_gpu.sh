@@ -9,7 +9,7 @@ build=${DFLEX_BUILD_DIR:-$root/build}
 rm -rf "$root/.device/bundles"
 mkdir -p "$root/.device/bundles"
 for spec in "$root"/examples/*.mlir "$root"/bench/specs/*.mlir; do
-  "$build/bin/dflex-compile" "$spec" --arch sm_90 --arch sm_120 --quiet \
+  "$build/bin/dflex-compile" "$spec" --arch sm_90a --arch sm_120 --quiet \
     -o "$root/.device/bundles/$(basename "$spec" .mlir)"
 done
 du -sh "$root/.device/bundles"

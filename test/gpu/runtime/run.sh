@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: the attention op against its
-# CPU float64 reference on every example bundle (scripts/gpu_check.sh runs it):
-#   test/gpu/runtime/run.sh BUILD_DIR BUNDLES_DIR
+# CPU float64 reference on every example bundle, for each kernel family
+# (portable, and sm90 on an sm_90 device), then the DFlash timing of each
+# (scripts/gpu_check.sh runs it):
+#   test/gpu/runtime/run.sh BUILD_DIR BUNDLES_DIR [attention_op_gpu.py options]
 # BUILD_DIR is a runtime build (configured here if it is not one yet);
 # BUNDLES_DIR holds one bundle per example, as scripts/prepare_gpu.sh makes
-# them. Exit status 0 only when every check passes.
+# them (sm_90a + sm_120). Options, e.g. --kernels sm90 or --no-timing, go to
+# attention_op_gpu.py. Exit status 0 only when every check passes.
 set -euo pipefail
 build=${1:?usage: run.sh BUILD_DIR BUNDLES_DIR}
 bundles=${2:?usage: run.sh BUILD_DIR BUNDLES_DIR}
+shift 2
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DDFLEX_BUILD_COMPILER=OFF -DDFLEX_BUILD_TESTS=OFF
 fi
 ninja -C "$build" dflex_torch_ops
 PYTHONUNBUFFERED=1 python3 test/gpu/runtime/attention_op_gpu.py \
-  --library "$build/runtime/libdflex_torch_ops.so" --bundles "$bundles"
+  --library "$build/runtime/libdflex_torch_ops.so" --bundles "$bundles" "$@"
 bash test/gpu/runtime/gated_delta.sh "$build" "$bundles"
