@@ -85,6 +85,8 @@ void parseLaunch(const JsonObject &constants, GatedDeltaKernelSpec &spec) {
   launch.chunkTableThreads = constant("chunk_table_threads");
   launch.finalizeThreads = constant("finalize_threads");
   launch.chunk = constant("chunk");
+  if (!constants.has("value_block"))
+    constants.fail("value_block", "missing (a bundle from an older dflex-compile: rebuild it)");
   launch.valueBlock = constant("value_block");
   if (spec.valueDim % launch.valueBlock != 0)
     constants.fail("value_block", "does not divide value_dim " + std::to_string(spec.valueDim));

@@ -217,7 +217,7 @@ TEST(GatedDeltaBundle, BadManifestsAreNamedAndExplained) {
       {[](JsonValue &m) {
          moduleNamed(m, "plain")["launch"]["dflex_gated_delta_launch"].asObject().erase("value_block");
        },
-       {"dflex_gated_delta_launch", "value_block"}},
+       {"dflex_gated_delta_launch", "value_block", "rebuild it"}},
       {[](JsonValue &m) { moduleNamed(m, "plain")["launch"]["dflex_gated_delta_launch"]["value_block"] = 48; },
        {"value_block", "does not divide value_dim 64"}},
       {[](JsonValue &m) {
