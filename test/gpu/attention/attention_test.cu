@@ -30,6 +30,7 @@
 #ifdef DFLEX_TEST_SM90
 #include "attention/sm90/attention_sm90.cuh"
 #endif
+#include "../common/cuda_check.h"
 #include "reference.h"
 #include "tile_lists.h"
 #include "variants.cuh"
@@ -44,15 +45,6 @@ using dflex::kernels::DefaultAttentionConfigs;
 using dflex::kernels::kRowKernelThreads;
 using dflex::kernels::TensorStrides;
 using dflex::kernels::TileList;
-
-#define CUDA_CHECK(expr)                                                                                  \
-  do {                                                                                                    \
-    const cudaError_t status_ = (expr);                                                                   \
-    if (status_ != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(status_)); \
-      std::exit(2);                                                                                       \
-    }                                                                                                     \
-  } while (0)
 
 constexpr double kTolerance = 1e-2;
 

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "gated_delta/gated_delta.cuh"
+#include "../common/cuda_check.h"
 #include "reference.h"
 
 namespace {
@@ -42,15 +43,6 @@ using dflex::kernels::GatedDeltaConfig;
 using dflex::kernels::GatedDeltaParams;
 using dflex::kernels::GatedDeltaWorkspace;
 using dflex::kernels::GatedDeltaWorkspaceSizes;
-
-#define CUDA_CHECK(expr)                                                                                    \
-  do {                                                                                                      \
-    const cudaError_t status_ = (expr);                                                                     \
-    if (status_ != cudaSuccess) {                                                                           \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(status_)); \
-      std::exit(2);                                                                                         \
-    }                                                                                                       \
-  } while (0)
 
 constexpr double kTolerance = 1e-2;
 
