@@ -1,6 +1,6 @@
 #include "dflex/runtime/GatedDeltaBundle.h"
 
-#include "JsonFields.h"
+#include "BundleManifest.h"
 
 #include "dflex/runtime/Error.h"
 
@@ -122,22 +122,7 @@ GatedDeltaKernelSpec parseModule(const JsonObject &module) {
       module.fail("kernels", "no kernel with role '" + role + "'");
   }
 
-  JsonObject binaries = module.object("binaries");
-  for (const auto &[arch, value] : binaries.members()) {
-    JsonObject entry(value, binaries.where() + ": " + arch);
-    BundleBinary binary;
-    binary.arch = arch;
-    binary.ptxFile = entry.string("ptx");
-    binary.ptxSha256 = entry.string("ptx_sha256");
-    if (entry.hasValue("cubin")) {
-      binary.cubinFile = entry.string("cubin");
-      binary.cubinSha256 = entry.string("cubin_sha256");
-    }
-    for (const BundleKernel &kernel : spec.kernels)
-      if (!kernel.loweredNames.count(arch))
-        entry.fail("ptx", "kernel '" + kernel.role + "' has no lowered name for " + arch);
-    spec.binaries[arch] = std::move(binary);
-  }
+  spec.binaries = detail::parseBundleBinaries(module, spec.kernels);
   spec.sourceFile = module.string("source_file");
   spec.sourceSha256 = module.string("source_sha256");
   return spec;

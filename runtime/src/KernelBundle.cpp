@@ -1,6 +1,6 @@
 #include "dflex/runtime/KernelBundle.h"
 
-#include "JsonFields.h"
+#include "BundleManifest.h"
 
 #include "dflex/Cache/KernelCache.h"
 #include "dflex/Codegen/Attention.h"
@@ -168,28 +168,7 @@ AttentionKernelSpec parseAttention(const JsonObject &module) {
     spec.backwardSm90 = parseLaunch(launch, "dflex_backward_sm90_launch", true);
   }
 
-  JsonObject binaries = module.object("binaries");
-  for (const auto &[arch, value] : binaries.members()) {
-    JsonObject entry(value, binaries.where() + ": " + arch);
-    BundleBinary binary;
-    binary.arch = arch;
-    binary.ptxFile = entry.string("ptx");
-    binary.ptxSha256 = entry.string("ptx_sha256");
-    if (entry.hasValue("cubin")) {
-      binary.cubinFile = entry.string("cubin");
-      binary.cubinSha256 = entry.string("cubin_sha256");
-    }
-    // A binary has exactly the kernels its arch builds.
-    for (const BundleKernel &kernel : spec.kernels) {
-      const bool built = codegen::buildsFor(kernel.requiredTarget, arch);
-      if (built && !kernel.loweredNames.count(arch))
-        entry.fail("ptx", "kernel '" + kernel.role + "' has no lowered name for " + arch);
-      if (!built && kernel.loweredNames.count(arch))
-        entry.fail("ptx", "kernel '" + kernel.role + "' needs " + kernel.requiredTarget +
-                              " but has a lowered name for " + arch);
-    }
-    spec.binaries[arch] = std::move(binary);
-  }
+  spec.binaries = detail::parseBundleBinaries(module, spec.kernels);
   spec.sourceFile = module.string("source_file");
   spec.sourceSha256 = module.string("source_sha256");
   return spec;
@@ -391,6 +370,34 @@ const AttentionKernelSpec &KernelBundle::attention(const std::string &name) cons
   }
   throw FormatError("kernel bundle " + directory_ + " has no attention spec '" + name +
                     "' (it has: " + (known.empty() ? "none" : known) + ")");
+}
+
+std::map<std::string, BundleBinary>
+detail::parseBundleBinaries(const JsonObject &module, const std::vector<BundleKernel> &kernels) {
+  std::map<std::string, BundleBinary> result;
+  JsonObject binaries = module.object("binaries");
+  for (const auto &[arch, value] : binaries.members()) {
+    JsonObject entry(value, binaries.where() + ": " + arch);
+    BundleBinary binary;
+    binary.arch = arch;
+    binary.ptxFile = entry.string("ptx");
+    binary.ptxSha256 = entry.string("ptx_sha256");
+    if (entry.hasValue("cubin")) {
+      binary.cubinFile = entry.string("cubin");
+      binary.cubinSha256 = entry.string("cubin_sha256");
+    }
+    // A binary has exactly the kernels its arch builds.
+    for (const BundleKernel &kernel : kernels) {
+      const bool built = codegen::buildsFor(kernel.requiredTarget, arch);
+      if (built && !kernel.loweredNames.count(arch))
+        entry.fail("ptx", "kernel '" + kernel.role + "' has no lowered name for " + arch);
+      if (!built && kernel.loweredNames.count(arch))
+        entry.fail("ptx", "kernel '" + kernel.role + "' needs " + kernel.requiredTarget +
+                              " but has a lowered name for " + arch);
+    }
+    result[arch] = std::move(binary);
+  }
+  return result;
 }
 
 } // namespace dflex::runtime
