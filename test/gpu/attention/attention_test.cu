@@ -30,7 +30,7 @@
 #ifdef DFLEX_TEST_SM90
 #include "attention/sm90/attention_sm90.cuh"
 #endif
-#include "../common/cuda_check.h"
+#include "../common/cuda_util.h"
 #include "reference.h"
 #include "tile_lists.h"
 #include "variants.cuh"
@@ -49,40 +49,6 @@ using dflex::kernels::TileList;
 constexpr double kTolerance = 1e-2;
 
 int ceil_div(long long a, int b) { return static_cast<int>((a + b - 1) / b); }
-
-template <class T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t count) : count_(count) {
-    CUDA_CHECK(cudaMalloc(&data_, std::max<size_t>(count, 1) * sizeof(T)));
-  }
-  ~DeviceBuffer() {
-    const cudaError_t status = cudaFree(data_);
-    if (status != cudaSuccess) std::fprintf(stderr, "cudaFree failed: %s\n", cudaGetErrorString(status));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  T* get() const { return data_; }
-  void upload(const std::vector<T>& host) {
-    if (host.size() != count_) {
-      std::fprintf(stderr, "upload of %zu elements into a buffer of %zu\n", host.size(), count_);
-      std::exit(2);
-    }
-    CUDA_CHECK(cudaMemcpy(data_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> host(count_);
-    CUDA_CHECK(cudaMemcpy(host.data(), data_, count_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-  // All bits set: NaN in bf16, fp16 and fp32, so an unwritten element fails the check.
-  void poison() { CUDA_CHECK(cudaMemset(data_, 0xFF, std::max<size_t>(count_, 1) * sizeof(T))); }
-
- private:
-  T* data_ = nullptr;
-  size_t count_;
-};
 
 // ---------------------------------------------------------------------------
 // Elements and layouts
