@@ -345,8 +345,16 @@ Result<ArchBinary> compileForArch(const CompileRequest &request,
 
   std::vector<std::string> options = {"--gpu-architecture=" + arch.name,
                                       "--include-path=" + includeDir.value()};
-  if (arch.producesCubin)
+  if (arch.producesCubin) {
     options.push_back("--ptxas-options=-v");
+    // NVRTC 12.9 and later keep their own cache of compiled programs; a hit
+    // skips ptxas and with it the resource lines this module parses (dflex
+    // has its own content-addressed cache).
+    int major = 0, minor = 0;
+    if (::nvrtcVersion(&major, &minor) == NVRTC_SUCCESS &&
+        (major > 12 || (major == 12 && minor >= 9)))
+      options.push_back("--no-cache");
+  }
   options.insert(options.end(), request.options.begin(),
                  request.options.end());
   std::vector<const char *> optionPointers;

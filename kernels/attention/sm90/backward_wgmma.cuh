@@ -208,18 +208,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     const int key_row = 64 * consumer + warp_row;                        // row of K, V, dK, dV in the tile
     const int col_pair = 2 * (lane & 3);
 
-    // product = (this warpgroup's 64 rows of key_tile) (query_tile)^T, K-major
-    // operands both (K or V times Q or dO), complete on return.
-    auto key_query_product = [&](float (&product)[kQueryBlocks][4], unsigned key_tile, unsigned query_tile) {
-      wgmma_fence();
+    // product += (this warpgroup's 64 rows of key_tile) (query_tile)^T, K-major
+    // operands both (K or V times Q or dO), issued and committed.
+    auto issue_key_query_product = [&](float (&product)[kQueryBlocks][4], unsigned key_tile, unsigned query_tile) {
 #pragma unroll
       for (int step = 0; step < kDimSteps; ++step) {
         Wgmma<Element, kBlockM>::template ss<0, 0>(product, KVTile::k_major(key_tile, 64 * consumer, 16 * step),
                                                    QTile::k_major(query_tile, 0, 16 * step), step > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      register_fence(product);
     };
 
     float grad_k[kDimBlocks][4];
@@ -238,17 +235,24 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       const bool partial = tile_entry_partial(entry);
       const bool checked = partial || q_start + kBlockM > shape.q_len || kv_rows < kBlockN;
 
-      // S^T = K Q^T for this warpgroup's 64 keys; element (b, e) of an
-      // accumulator is key key_row + 8 * (e / 2), query 8 * b + col_pair + e % 2.
+      // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys, issued
+      // together: dP^T runs on the tensor cores while P^T is computed. Element
+      // (b, e) of an accumulator is key key_row + 8 * (e / 2), query
+      // 8 * b + col_pair + e % 2.
       float scores[kQueryBlocks][4];
+      float grad_p[kQueryBlocks][4];
       mbarrier_wait(smem.full(stage), (i / kStages) & 1);
       fence_proxy_async();  // Q, dO came through the generic proxy, wgmma reads through the async one
-      key_query_product(scores, smem.k_tile(), smem.q_tile(stage));
+      wgmma_fence();
+      issue_key_query_product(scores, smem.k_tile(), smem.q_tile(stage));
+      issue_key_query_product(grad_p, smem.v_tile(), smem.grad_o_tile(stage));
+      wgmma_wait<1>();
+      register_fence(scores);
 
       // P^T (packed: the A operand of dV += P^T dO, k = queries, blocks 2s
       // and 2s + 1 forming k-step s) and, in place of S^T, P * d logit / d(q.k).
-      // dP^T is computed only afterwards, so that S^T and dP^T never occupy
-      // registers together (dK and dV already hold 128 per thread).
+      // Selects, not branches: a branch while dP^T is in flight would make the
+      // compiler serialise the kernel's wgmmas.
       const LogitMap<Variant> logits(variant, batch, head, shape.scale);
       unsigned p_frag[kQuerySteps][4];
 #pragma unroll
@@ -263,21 +267,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         for (int e = 0; e < 4; ++e) {
           const int q = q_start + col + (e & 1);
           const int kv = kv_start + key_row + 8 * (e >> 1);
-          p[e] = 0.f;
-          float factor = 0.f;
-          if (!checked || logits.visible(partial, q, kv, shape.q_len, shape.kv_len)) {
-            p[e] = fast_exp2(logits.logit(scores[b][e], q, kv) - lse_log2[e & 1]);
-            factor = p[e] * logits.logit_grad(scores[b][e], q, kv);
-          }
-          scores[b][e] = factor;
+          const bool visible = !checked || logits.visible(partial, q, kv, shape.q_len, shape.kv_len);
+          const float exponentiated = fast_exp2(logits.logit(scores[b][e], q, kv) - lse_log2[e & 1]);
+          p[e] = visible ? exponentiated : 0.f;
+          scores[b][e] = visible ? exponentiated * logits.logit_grad(scores[b][e], q, kv) : 0.f;
         }
         p_frag[b / 2][2 * (b & 1)] = ElementTraits<Element>::pack(p[0], p[1]);
         p_frag[b / 2][2 * (b & 1) + 1] = ElementTraits<Element>::pack(p[2], p[3]);
       }
 
-      // dP^T = V dO^T, then dS^T = P * (dP - delta) * d logit / d(q.k).
-      float grad_p[kQueryBlocks][4];
-      key_query_product(grad_p, smem.v_tile(), smem.grad_o_tile(stage));
+      // dS^T = P * (dP - delta) * d logit / d(q.k).
+      wgmma_wait<0>();
+      register_fence(grad_p);
       unsigned grad_s_frag[kQuerySteps][4];
 #pragma unroll
       for (int b = 0; b < kQueryBlocks; ++b) {

@@ -76,8 +76,8 @@ struct Sm90AttentionForwardConfig {
   using KVTile = Sw128Tile<kBlockN, kHeadDim>;  // K and V of one stage
 
   // Barriers: Q full; per stage K full, V full (128 producer arrivals each),
-  // K/V empty (256 consumer arrivals).
-  static constexpr int kBarrierCount = 1 + 3 * kStages;
+  // K empty, V empty (256 consumer arrivals each).
+  static constexpr int kBarrierCount = 1 + 4 * kStages;
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + QTile::kBytes;
   static constexpr int kVOffset = kKOffset + kStages * KVTile::kBytes;

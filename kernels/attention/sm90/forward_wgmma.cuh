@@ -34,7 +34,8 @@ struct Sm90ForwardSharedMap {
   __device__ __forceinline__ unsigned q_full() const { return barrier(0); }
   __device__ __forceinline__ unsigned k_full(int stage) const { return barrier(1 + stage); }
   __device__ __forceinline__ unsigned v_full(int stage) const { return barrier(1 + Config::kStages + stage); }
-  __device__ __forceinline__ unsigned kv_empty(int stage) const { return barrier(1 + 2 * Config::kStages + stage); }
+  __device__ __forceinline__ unsigned k_empty(int stage) const { return barrier(1 + 2 * Config::kStages + stage); }
+  __device__ __forceinline__ unsigned v_empty(int stage) const { return barrier(1 + 3 * Config::kStages + stage); }
 };
 
 // One consumer warpgroup of the forward: 64 query rows, their O accumulator,
@@ -160,7 +161,9 @@ struct Sm90ForwardConsumer {
       wgmma_wait<0>();
       register_fence(scores);
       register_fence(out);
-      if (j > 0) mbarrier_arrive(smem.kv_empty((j - 1) % kStages));
+      // K(j) is free as soon as S(j) is done; V(j - 1) once P(j-1) V(j-1) is.
+      mbarrier_arrive(smem.k_empty(j % kStages));
+      if (j > 0) mbarrier_arrive(smem.v_empty((j - 1) % kStages));
       softmax(j, scores, correction, p);
 #pragma unroll
       for (int b = 0; b < kOutBlocks; ++b) {
@@ -174,7 +177,7 @@ struct Sm90ForwardConsumer {
       issue_values(count - 1);
       wgmma_wait<0>();
       register_fence(out);
-      mbarrier_arrive(smem.kv_empty((count - 1) % kStages));
+      mbarrier_arrive(smem.v_empty((count - 1) % kStages));
     }
   }
 };
@@ -213,13 +216,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int count = params.tiles.row_offsets[list_row + 1] - first;
   const int* entries = params.tiles.entries + first;
 
-  if (threadIdx.x == 0) init_pipeline_barriers(smem.barrier(0), 1 + 2 * kStages, kStages);
+  if (threadIdx.x == 0) init_pipeline_barriers(smem.barrier(0), 1 + 2 * kStages, 2 * kStages);
   __syncthreads();
 
   const int warpgroup = warpgroup_index();
   if (warpgroup == 0) {
     // Producer: Q once, then K(j) and V(j) into stage j % kStages once the
-    // consumers have released what that stage held.
+    // consumers have released what that stage held. K and V are released
+    // separately: K(j) is read only by S(j), a tile before V(j) is done with,
+    // so the next K load starts that much earlier.
     setmaxnreg_decrease<Config::kProducerRegisters>();
     const int thread = threadIdx.x;
     const Element* k = tensor_row<Element>(params.k, params.k_strides, batch, kv_head, 0);
@@ -229,12 +234,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     mbarrier_arrive_on_copies(smem.q_full());
     for (int j = 0; j < count; ++j) {
       const int stage = j % kStages;
-      if (j >= kStages) mbarrier_wait(smem.kv_empty(stage), (j / kStages - 1) & 1);
       const int kv_start = tile_entry_index(entries[j]) * kBlockN;
       const int kv_rows = min(kBlockN, shape.kv_len - kv_start);
+      if (j >= kStages) mbarrier_wait(smem.k_empty(stage), (j / kStages - 1) & 1);
       load_tile_async<KVTile, 128>(smem.k_tile(stage), k + kv_start * params.k_strides.row, params.k_strides.row,
                                    kv_rows, thread);
       mbarrier_arrive_on_copies(smem.k_full(stage));
+      if (j >= kStages) mbarrier_wait(smem.v_empty(stage), (j / kStages - 1) & 1);
       load_tile_async<KVTile, 128>(smem.v_tile(stage), v + kv_start * params.v_strides.row, params.v_strides.row,
                                    kv_rows, thread);
       mbarrier_arrive_on_copies(smem.v_full(stage));

@@ -154,6 +154,17 @@ TEST(Nvrtc, SharedMemoryRequestsNameRealKernels) {
             "(_Z8mma_tileILi64EEvPK13__nv_bfloat16S2_Pf, scale)");
 }
 
+// NVRTC's own program cache (12.9 and later) would answer the second
+// compile without running ptxas, so without its resource lines.
+TEST(Nvrtc, RepeatedCompilesReportResources) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Result<ArchBinary> binary = compileForArch(mmaRequest({}), "sm_120");
+    ASSERT_TRUE(binary.ok()) << binary.error();
+    EXPECT_NE(binary.value().findKernel(binary.value().loweredName("mma_tile<64>")), nullptr)
+        << "attempt " << attempt << ", log:\n" << binary.value().log;
+  }
+}
+
 TEST(Nvrtc, UnknownLimitIsNoted) {
   Result<ArchBinary> binary = compileForArch(sharedRequest(16), "sm_88");
   ASSERT_TRUE(binary.ok()) << binary.error();
