@@ -8,9 +8,11 @@ build=${DFLEX_BUILD_DIR:-$root/build}
 "$root/scripts/build.sh" >/dev/null
 rm -rf "$root/.device/bundles"
 mkdir -p "$root/.device/bundles"
-# The gated-delta op check (test/gpu/runtime/gated_delta.sh) also needs its test specs.
+# The gated-delta op check (test/gpu/runtime/gated_delta.sh) also needs its test
+# specs, the model check (test/gpu/runtime/models.sh) the target models' specs.
 for spec in "$root"/examples/*.mlir "$root"/bench/specs/*.mlir \
-            "$root"/test/runtime/gated_delta/gated_delta_specs.mlir; do
+            "$root"/test/runtime/gated_delta/gated_delta_specs.mlir \
+            "$root"/test/runtime/models/target_model_specs.mlir; do
   "$build/bin/dflex-compile" "$spec" --arch sm_90a --arch sm_120 --quiet \
     -o "$root/.device/bundles/$(basename "$spec" .mlir)"
 done

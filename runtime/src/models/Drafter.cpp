@@ -135,9 +135,11 @@ Tensor DenseDrafterAttention::attend(const Tensor &q, const Tensor &k, const Ten
 
 BundleDrafterAttention::BundleDrafterAttention(std::string bundleDirectory,
                                                std::string fullAttentionSpec,
-                                               std::string slidingWindowSpec)
+                                               std::string slidingWindowSpec,
+                                               std::string slidingWindowBundle)
     : bundle_(std::move(bundleDirectory)), fullSpec_(std::move(fullAttentionSpec)),
-      slidingSpec_(std::move(slidingWindowSpec)) {}
+      slidingSpec_(std::move(slidingWindowSpec)),
+      slidingBundle_(slidingWindowBundle.empty() ? bundle_ : std::move(slidingWindowBundle)) {}
 
 Tensor BundleDrafterAttention::attend(const Tensor &q, const Tensor &k, const Tensor &v,
                                       const DFlashBlocks &blocks, LayerKind kind,
@@ -145,11 +147,13 @@ Tensor BundleDrafterAttention::attend(const Tensor &q, const Tensor &k, const Te
   checkAttentionShapes(q, k, v, blocks);
   const std::optional<int64_t> layerWindowSize = layerWindow(kind, window);
   const std::string &specName = layerWindowSize ? slidingSpec_ : fullSpec_;
-  const std::string where = "drafter attention (bundle " + bundle_ + ", spec '" + specName + "')";
+  const std::string &bundleDirectory = layerWindowSize ? slidingBundle_ : bundle_;
+  const std::string where =
+      "drafter attention (bundle " + bundleDirectory + ", spec '" + specName + "')";
   if (specName.empty())
     throw FormatError("drafter attention (bundle " + bundle_ +
                       "): no spec was given for sliding-window layers");
-  std::shared_ptr<const KernelBundle> bundle = KernelBundle::openCached(bundle_);
+  std::shared_ptr<const KernelBundle> bundle = KernelBundle::openCached(bundleDirectory);
   const AttentionKernelSpec &spec = bundle->attention(specName);
   if (std::abs(double(spec.scale) - scale) > 1e-6 * scale)
     throw FormatError(where + ": the spec's scale " + std::to_string(spec.scale) +
@@ -181,7 +185,7 @@ Tensor BundleDrafterAttention::attend(const Tensor &q, const Tensor &k, const Te
     throw FormatError(where + ": the spec's mask has no context_start capture, but blocks of "
                               "this batch see context from a later document start (packed "
                               "rows); use a spec with context_start");
-  return attention(bundle_, specName, q, k, v, captures).out;
+  return attention(bundleDirectory, specName, q, k, v, captures).out;
 }
 
 // --- Modules ----------------------------------------------------------------------

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: the attention op against its
 # CPU float64 reference on every example bundle, for each kernel family
-# (portable, and sm90 on an sm_90 device), then the DFlash timing of each
-# (scripts/gpu_check.sh runs it):
+# (portable, and sm90 on an sm_90 device), then the DFlash timing of each,
+# the gated-delta op (gated_delta.sh) and the models through the kernels
+# (models.sh; needs a build with tests) (scripts/gpu_check.sh runs it):
 #   test/gpu/runtime/run.sh BUILD_DIR BUNDLES_DIR [attention_op_gpu.py options]
 # BUILD_DIR is a runtime build (configured here if it is not one yet);
 # BUNDLES_DIR holds one bundle per example, as scripts/prepare_gpu.sh makes
@@ -20,3 +21,4 @@ ninja -C "$build" dflex_torch_ops
 PYTHONUNBUFFERED=1 python3 test/gpu/runtime/attention_op_gpu.py \
   --library "$build/runtime/libdflex_torch_ops.so" --bundles "$bundles" "$@"
 bash test/gpu/runtime/gated_delta.sh "$build" "$bundles"
+bash test/gpu/runtime/models.sh "$build" "$bundles"

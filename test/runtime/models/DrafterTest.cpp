@@ -1,7 +1,9 @@
 // The DFlash drafter: its mask, forward and backward against an independent
 // PyTorch implementation (python/drafter_reference.py), checkpoints, the
-// dflex attention op as its attention, and training on a target model.
+// dflex attention op as its attention (on CUDA in DrafterCuda.*), and
+// training on a target model.
 #include "../TestSupport.h"
+#include "ModelTestSupport.h"
 
 #include "dflex/runtime/Batching.h"
 #include "dflex/runtime/Error.h"
@@ -13,23 +15,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
 using namespace dflex::runtime;
 using namespace dflex::runtime::models;
 using dflex::runtime::test::expectError;
+using dflex::runtime::test::relativeError;
 using dflex::runtime::test::TempDir;
 
 namespace {
 
 constexpr int64_t kVocab = 300, kHidden = 48, kBlockSize = 4;
-
-double relativeError(const torch::Tensor &actual, const torch::Tensor &expected) {
-  const torch::Tensor a = actual.to(torch::kDouble), e = expected.to(torch::kDouble);
-  return (a - e).abs().max().item<double>() / std::max(e.abs().max().item<double>(), 1e-30);
-}
 
 /// Three layers (full, sliding window, full), grouped heads, blocks of 4.
 DrafterConfig tinyDrafterConfig(const std::string &layerTypes = R"("full_attention", "sliding_attention", "full_attention")",
@@ -142,13 +139,10 @@ TEST(DFlashMask, FollowsTheDefinition) {
 
 namespace {
 
-/// Forward and backward of a drafter in `dtype` against the Python
-/// reference (float64) on the same saved weights and inputs.
-void expectMatchesReference(torch::ScalarType dtype, double tolerance) {
-  TempDir dir;
-  const Problem p = tinyProblem(dtype);
-  DFlashDrafter drafter(tinyDrafterConfig(), 0, 42);
-  drafter->to(dtype);
+/// Saves the drafter and the problem (CPU tensors) in `dir` and runs the
+/// Python reference (float64) on them, on `device` ("cpu" or "cuda").
+void writeDrafterReference(const TempDir &dir, const DFlashDrafter &drafter, const Problem &p,
+                           const std::string &device = "cpu") {
   drafter->save(dir.file("drafter"));
   saveSafeTensors(dir.file("inputs.safetensors"),
                   {{"context_features", p.features},
@@ -165,8 +159,19 @@ void expectMatchesReference(torch::ScalarType dtype, double tolerance) {
   auto script = test::runPythonScript(
       "drafter_reference.py", "--checkpoint \"" + dir.file("drafter") + "\" --inputs \"" +
                                   dir.file("inputs.safetensors") + "\" --out \"" +
-                                  dir.file("reference.safetensors") + "\"");
+                                  dir.file("reference.safetensors") + "\" --device " + device);
   ASSERT_EQ(script.exitCode, 0) << script.output;
+}
+
+/// Forward and backward of a drafter in `dtype` against the Python
+/// reference (float64) on the same saved weights and inputs.
+void expectMatchesReference(torch::ScalarType dtype, double tolerance) {
+  TempDir dir;
+  const Problem p = tinyProblem(dtype);
+  DFlashDrafter drafter(tinyDrafterConfig(), 0, 42);
+  drafter->to(dtype);
+  writeDrafterReference(dir, drafter, p);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   const SafeTensorsFile reference = SafeTensorsFile::open(dir.file("reference.safetensors"));
 
   drafter->setTargetWeights(p.embed, p.lmHead);
@@ -315,19 +320,15 @@ TEST(Drafter, RefusesInputsOfTheWrongShape) {
 // --- The dflex attention op as the drafter's attention ------------------------------
 
 TEST(Drafter, BundleAttentionMatchesDenseAttention) {
-  std::string bundles;
-  if (const char *fromEnvironment = std::getenv("DFLEX_ATTENTION_BUNDLES"))
-    bundles = fromEnvironment;
-#ifdef DFLEX_ATTENTION_BUNDLES
-  if (bundles.empty())
-    bundles = DFLEX_ATTENTION_BUNDLES;
-#endif
-  const std::string dflash = bundles + "/dflash";
-  if (bundles.empty() || !std::filesystem::exists(dflash + "/manifest.json"))
+  const std::string dflash = test::exampleBundle("dflash");
+  const std::string slidingWindow = test::exampleBundle("dflash_sliding_window");
+  if (dflash.empty() || slidingWindow.empty())
     GTEST_SKIP() << "no example attention bundles (build dflex-compile, or set "
                     "DFLEX_ATTENTION_BUNDLES to the bundles of examples/*.mlir)";
-  // examples/dflash.mlir: blocks of 16, 32 query and 8 key/value heads of 128.
-  DrafterConfig config = tinyDrafterConfig(R"("full_attention", "full_attention")", 32, 8, 128);
+  // examples/dflash.mlir and dflash_sliding_window.mlir: blocks of 16, 32
+  // query and 8 key/value heads of 128; a window of 6, shorter than a block.
+  DrafterConfig config =
+      tinyDrafterConfig(R"("full_attention", "sliding_attention")", 32, 8, 128);
   config.dflash.blockSize = 16;
   BlockOptions options;
   options.blockSize = 16;
@@ -360,8 +361,9 @@ TEST(Drafter, BundleAttentionMatchesDenseAttention) {
                            6)}}) {
     SCOPED_TRACE(what);
     const auto dense = run(batch, std::make_shared<DenseDrafterAttention>());
-    const auto bundle =
-        run(batch, std::make_shared<BundleDrafterAttention>(dflash, "drafter_attention"));
+    const auto bundle = run(batch, std::make_shared<BundleDrafterAttention>(
+                                       dflash, "drafter_attention",
+                                       "drafter_sliding_window_attention", slidingWindow));
     ASSERT_EQ(dense.size(), bundle.size());
     double worst = 0;
     for (size_t i = 0; i < dense.size(); ++i)
@@ -371,6 +373,134 @@ TEST(Drafter, BundleAttentionMatchesDenseAttention) {
     std::cout << "[ parity   ] bundle attention against dense, " << what
               << ": worst relative error " << worst << "\n";
   }
+}
+
+// --- The drafter through the dflex kernels, against the independent implementation ---
+
+namespace {
+
+/// A drafter that the example DFlash specs serve (blocks of 16, 32 query and
+/// 8 key/value heads of 128): full, sliding-window, full layers.
+DrafterConfig exampleSpecDrafterConfig() {
+  DrafterConfig config =
+      tinyDrafterConfig(R"("full_attention", "sliding_attention", "full_attention")", 32, 8, 128);
+  config.dflash.blockSize = 16;
+  config.model.slidingWindow = 20;
+  return config;
+}
+
+/// Two rows of 150 tokens (not a multiple of any tile): documents of 60 and
+/// 90 tokens (blocks of the second see context from 60 on), and of 35 and 80
+/// tokens with padding; bfloat16 features.
+Problem exampleSpecProblem() {
+  BlockOptions options;
+  options.blockSize = 16;
+  options.maxAnchors = 6;
+  options.maskTokenId = 299;
+  Problem p;
+  p.batch = makeTrainingBatch({packedRow({60, 90}, 150, 7), packedRow({35, 80}, 150, 8)},
+                              options, 9);
+  torch::manual_seed(12);
+  p.features = torch::randn({2, 150, 2 * kHidden}).to(torch::kBFloat16);
+  p.embed = torch::randn({kVocab, kHidden}).to(torch::kBFloat16);
+  p.lmHead = (torch::randn({kVocab, kHidden}) * 0.2).to(torch::kBFloat16);
+  return p;
+}
+
+/// The worst relative errors of one drafter run against the reference.
+struct DrafterErrors {
+  double hidden = 0, loss = 0, gradient = 0;
+  std::string worstParameter;
+};
+
+/// Runs `drafter` (its parameters' gradients cleared first) with `attention`
+/// on `device`, forward and backward, and measures it against `reference`.
+DrafterErrors runAgainstReference(DFlashDrafter &drafter,
+                                  std::shared_ptr<const DrafterAttention> attention,
+                                  const Problem &p, torch::Device device,
+                                  const SafeTensorsFile &reference) {
+  drafter->zero_grad();
+  drafter->setTargetWeights(p.embed.to(device), p.lmHead.to(device));
+  drafter->setAttention(std::move(attention));
+  const torch::Tensor hidden =
+      drafter->forward(drafterInputs(p.batch, p.features.to(device), device));
+  EXPECT_EQ(hidden.device().type(), device.type());
+  const BlockLossResult loss =
+      drafter->loss(hidden, p.batch.labels.to(device), p.batch.weights.to(device));
+  loss.loss.backward();
+  DrafterErrors errors;
+  errors.hidden = relativeError(hidden, reference.tensor("hidden"));
+  errors.loss = relativeError(loss.loss, reference.tensor("loss"));
+  for (const auto &item : drafter->named_parameters()) {
+    if (!item.value().grad().defined()) {
+      ADD_FAILURE() << item.key() << " has no gradient";
+      continue;
+    }
+    const double error = relativeError(item.value().grad(), reference.tensor("grad." + item.key()));
+    if (error > errors.gradient) {
+      errors.gradient = error;
+      errors.worstParameter = item.key();
+    }
+  }
+  return errors;
+}
+
+/// The drafter in bfloat16 on `device` through the example DFlash specs
+/// (forward and backward), and through the dense attention for scale,
+/// against the float64 reference on the same device.
+void expectKernelAttentionMatchesReference(torch::Device device) {
+  const std::string full = test::exampleBundle("dflash");
+  const std::string sliding = test::exampleBundle("dflash_sliding_window");
+  if (full.empty() || sliding.empty())
+    GTEST_SKIP() << "needs the dflash and dflash_sliding_window example bundles (build "
+                    "dflex-compile, or set DFLEX_ATTENTION_BUNDLES)";
+  TempDir dir;
+  const Problem p = exampleSpecProblem();
+  DFlashDrafter drafter(exampleSpecDrafterConfig(), 0, 42);
+  drafter->to(device, torch::kBFloat16);
+  writeDrafterReference(dir, drafter, p, device.is_cuda() ? "cuda" : "cpu");
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  const SafeTensorsFile reference = SafeTensorsFile::open(dir.file("reference.safetensors"));
+  // Packed rows: the reference sees blocks whose context starts after 0.
+  ASSERT_TRUE((p.batch.blockValid & (p.batch.contextStart > 0)).any().item<bool>());
+
+  const DrafterErrors kernels = runAgainstReference(
+      drafter,
+      std::make_shared<BundleDrafterAttention>(full, "drafter_attention",
+                                               "drafter_sliding_window_attention", sliding),
+      p, device, reference);
+  const DrafterErrors dense =
+      runAgainstReference(drafter, std::make_shared<DenseDrafterAttention>(), p, device, reference);
+  // bfloat16 against float64. On the CPU the op computes in float64 and
+  // rounds once: hidden 7.8e-3, loss 3.9e-5, worst gradient 1.0e-2 (the
+  // dense path: 7.8e-3, 4.2e-5, 1.3e-2); the CUDA kernels also round the
+  // softmax weights to bfloat16 for P V, hence the margin.
+  EXPECT_LE(kernels.hidden, 2e-2);
+  EXPECT_LE(kernels.loss, 2e-3);
+  EXPECT_LE(kernels.gradient, 4e-2) << kernels.worstParameter;
+  std::cout << "[ " << (device.is_cuda() ? "gpu parity" : "parity  ") << " ] drafter bfloat16 on "
+            << device << " through the dflex "
+            << (device.is_cuda() ? "kernels" : "op's CPU path") << " against float64: hidden "
+            << kernels.hidden << ", loss " << kernels.loss << ", worst gradient "
+            << kernels.gradient << " (" << kernels.worstParameter
+            << "); dense attention in bfloat16: hidden " << dense.hidden << ", loss "
+            << dense.loss << ", worst gradient " << dense.gradient << "\n";
+}
+
+} // namespace
+
+TEST(Drafter, BundleAttentionInBfloat16MatchesTheIndependentImplementation) {
+  expectKernelAttentionMatchesReference(torch::kCPU);
+}
+
+// --- On a GPU -----------------------------------------------------------------------
+// Skipped without a CUDA device or the example bundles
+// ($DFLEX_ATTENTION_BUNDLES; test/gpu/runtime/models.sh).
+
+TEST(DrafterCuda, KernelAttentionMatchesTheIndependentImplementation) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "needs a CUDA device";
+  expectKernelAttentionMatchesReference(torch::kCUDA);
 }
 
 // --- Training on a target model -------------------------------------------------------

@@ -1,9 +1,14 @@
 // Target models against transformers on tiny random models (built by
-// python/target_reference.py), the gated delta rule against a sequential
-// recurrence, and the token layouts of packed rows.
+// python/target_reference.py), also with their attention and gated-delta
+// layers through the dflex ops (on the CPU; on CUDA with the kernels in
+// TargetModelCuda.*), the gated delta rule against a sequential recurrence,
+// and the token layouts of packed rows.
 #include "../TestSupport.h"
+#include "ModelTestSupport.h"
 
+#include "dflex/runtime/Attention.h"
 #include "dflex/runtime/Error.h"
+#include "dflex/runtime/GatedDelta.h"
 #include "dflex/runtime/SafeTensors.h"
 #include "dflex/runtime/models/GatedDelta.h"
 #include "dflex/runtime/models/TargetModel.h"
@@ -19,35 +24,48 @@
 using namespace dflex::runtime;
 using namespace dflex::runtime::models;
 using dflex::runtime::test::expectError;
+using dflex::runtime::test::relativeError;
 using dflex::runtime::test::TempDir;
 
 namespace {
 
-/// max |actual - expected| / max |expected|, in float64.
-double relativeError(const torch::Tensor &actual, const torch::Tensor &expected) {
-  const torch::Tensor a = actual.to(torch::kDouble), e = expected.to(torch::kDouble);
-  return (a - e).abs().max().item<double>() / std::max(e.abs().max().item<double>(), 1e-30);
+/// target_reference.py's model and what transformers computes with it, on
+/// `device` ("cpu" or "cuda").
+void writeReference(const std::string &model, const TempDir &dir,
+                    const std::string &device = "cpu") {
+  auto result = test::runPythonScript("target_reference.py", "--model " + model + " --out \"" +
+                                                                 dir.path().string() +
+                                                                 "\" --device " + device);
+  ASSERT_EQ(result.exitCode, 0) << result.output;
 }
 
-void writeReference(const std::string &model, const TempDir &dir) {
-  auto result = test::runPythonScript("target_reference.py",
-                                      "--model " + model + " --out \"" + dir.path().string() + "\"");
-  ASSERT_EQ(result.exitCode, 0) << result.output;
+std::string dtypeName(torch::ScalarType dtype) {
+  return dtype == torch::kFloat ? "float32" : "bfloat16";
 }
 
 struct Tolerance {
   double hidden, logits;
 };
 
-/// Loads the model in `dtype`, runs the plain and the packed inputs of the
-/// reference, and checks every layer, the final norm and the logits.
-void expectMatchesReference(const std::string &model, const TempDir &dir,
-                            torch::ScalarType dtype, Tolerance tolerance) {
-  const std::string dtypeName = dtype == torch::kFloat ? "float32" : "bfloat16";
-  const SafeTensorsCheckpoint reference =
-      SafeTensorsCheckpoint::open(dir.file("reference_" + dtypeName + ".safetensors"));
-  TargetModelOptions options;
-  options.dtype = dtype;
+/// The worst relative errors of one model against one reference.
+struct ParityErrors {
+  double layers = 0, packedLayers = 0, finalNorm = 0, logits = 0;
+};
+
+/// Loads the model with `options`, runs the plain and the packed inputs of
+/// the reference (transformers in `referenceDtype`, default options.dtype),
+/// checks every layer, the final norm and the logits, and prints the worst
+/// errors.
+ParityErrors expectMatchesReference(const std::string &model, const TempDir &dir,
+                                    const TargetModelOptions &options, Tolerance tolerance,
+                                    const std::string &label = "",
+                                    std::optional<torch::ScalarType> referenceDtype = {}) {
+  const torch::ScalarType dtype = options.dtype;
+  const std::string dtypeName =
+      ::dtypeName(dtype) +
+      (referenceDtype ? " against transformers in " + ::dtypeName(*referenceDtype) : "");
+  const SafeTensorsCheckpoint reference = SafeTensorsCheckpoint::open(
+      dir.file("reference_" + ::dtypeName(referenceDtype.value_or(dtype)) + ".safetensors"));
   const TargetModel target = TargetModel::load(dir.file("model"), options);
   const int64_t layers = target.config().numHiddenLayers;
 
@@ -84,20 +102,95 @@ void expectMatchesReference(const std::string &model, const TempDir &dir,
     EXPECT_LE(error, tolerance.hidden) << model << " " << dtypeName << " packed layer " << l;
     worstPacked = std::max(worstPacked, error);
   }
-  std::cout << "[ parity   ] " << model << " " << dtypeName
+  std::cout << "[ parity   ] " << model << " " << dtypeName << label
             << ": worst layer relative error " << worstHidden << ", packed " << worstPacked
             << ", final norm " << finalError << ", logits " << logitError << "\n";
+  return {worstHidden, worstPacked, finalError, logitError};
 }
+
+TargetModelOptions onCpu(torch::ScalarType dtype) {
+  TargetModelOptions options;
+  options.dtype = dtype;
+  return options;
+}
+
+// Both sides compute float32 in the same order up to rounding.
+constexpr Tolerance kFloat32Tolerance{2e-5, 2e-5};
+// bfloat16 keeps 8 bits: both sides round after every operation, in
+// slightly different orders.
+constexpr Tolerance kBfloat16Tolerance{1.5e-2, 1.5e-2};
 
 void expectParity(const std::string &model) {
   TempDir dir;
   writeReference(model, dir);
   if (::testing::Test::HasFatalFailure())
     return;
-  expectMatchesReference(model, dir, torch::kFloat, {2e-5, 2e-5});
-  // bfloat16 keeps 8 bits: both sides round after every operation, in
-  // slightly different orders.
-  expectMatchesReference(model, dir, torch::kBFloat16, {1.5e-2, 1.5e-2});
+  expectMatchesReference(model, dir, onCpu(torch::kFloat), kFloat32Tolerance);
+  expectMatchesReference(model, dir, onCpu(torch::kBFloat16), kBfloat16Tolerance);
+}
+
+// --- Through the dflex ops ------------------------------------------------------------
+
+/// How often the hooks ran, and whether every call was on the model's device.
+struct HookCalls {
+  int attention = 0, gatedDelta = 0;
+  bool onModelDevice = true;
+};
+
+/// `options` with the dflex ops of target_model_specs.mlir as the hooks of
+/// target_reference.py's `model` (qwen3_gpu or qwen3_5_gpu), counting calls.
+TargetModelOptions withKernelHooks(TargetModelOptions options, const std::string &bundle,
+                                   const std::string &model,
+                                   const std::shared_ptr<HookCalls> &calls) {
+  const bool hybrid = model == "qwen3_5_gpu";
+  const SelfAttentionFn attention =
+      hybrid ? attentionHook(bundle, "qwen3_5_attention")
+             : attentionHook(bundle, "qwen3_attention", "qwen3_sliding_attention");
+  // The type only: the model's "cuda" is the tensors' "cuda:0".
+  const torch::DeviceType device = options.device.type();
+  options.attention = [attention, calls, device](const SelfAttentionCall &call) {
+    ++calls->attention;
+    calls->onModelDevice = calls->onModelDevice && call.q.device().type() == device;
+    return attention(call);
+  };
+  if (hybrid) {
+    const GatedDeltaFn gatedDelta = gatedDeltaHook(bundle, "qwen3_5_gated_delta");
+    options.gatedDelta = [gatedDelta, calls, device](const GatedDeltaCall &call) {
+      ++calls->gatedDelta;
+      calls->onModelDevice = calls->onModelDevice && call.q.device().type() == device;
+      return gatedDelta(call);
+    };
+  }
+  return options;
+}
+
+/// Each forward of expectMatchesReference (plain and packed) runs every
+/// layer once: qwen3_gpu has 4 attention layers, qwen3_5_gpu 2 of each kind.
+void expectEveryLayerHooked(const std::string &model, const HookCalls &calls, int forwards) {
+  const bool hybrid = model == "qwen3_5_gpu";
+  EXPECT_EQ(calls.attention, forwards * (hybrid ? 2 : 4)) << model;
+  EXPECT_EQ(calls.gatedDelta, forwards * (hybrid ? 2 : 0)) << model;
+  EXPECT_TRUE(calls.onModelDevice) << model;
+}
+
+/// On the CPU the attention hook runs the op's float64 reference (the
+/// gated-delta hook is the model's own rule there): the results stay within
+/// the tolerances of the plain model.
+void expectHookedParityOnCpu(const std::string &model) {
+  const std::string bundle = test::targetSpecsBundle();
+  if (bundle.empty())
+    GTEST_SKIP() << "no target_model_specs bundle (build dflex-compile, or set "
+                    "DFLEX_MODEL_BUNDLES to a folder holding target_model_specs/)";
+  TempDir dir;
+  writeReference(model, dir);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  auto calls = std::make_shared<HookCalls>();
+  expectMatchesReference(model, dir, withKernelHooks(onCpu(torch::kFloat), bundle, model, calls),
+                         kFloat32Tolerance, " through the dflex ops");
+  expectMatchesReference(model, dir,
+                         withKernelHooks(onCpu(torch::kBFloat16), bundle, model, calls),
+                         kBfloat16Tolerance, " through the dflex ops");
+  expectEveryLayerHooked(model, *calls, 4);
 }
 
 } // namespace
@@ -109,6 +202,172 @@ TEST(TargetModel, Qwen3TiedBiasedSlidingYarnMatchesTransformers) {
 }
 
 TEST(TargetModel, Qwen35HybridMatchesTransformers) { expectParity("qwen3_5"); }
+
+TEST(TargetModelHooks, Qwen3ThroughTheAttentionOpMatchesTransformers) {
+  expectHookedParityOnCpu("qwen3_gpu");
+}
+
+TEST(TargetModelHooks, Qwen35ThroughTheOpsMatchesTransformers) {
+  expectHookedParityOnCpu("qwen3_5_gpu");
+}
+
+namespace {
+
+struct AttentionProblem {
+  torch::Tensor q, k, v;
+};
+
+AttentionProblem randomAttention(int64_t length, int64_t heads, int64_t kvHeads, int64_t headDim) {
+  torch::manual_seed(17);
+  return {torch::randn({2, length, heads, headDim}, torch::kDouble),
+          torch::randn({2, length, kvHeads, headDim}, torch::kDouble),
+          torch::randn({2, length, kvHeads, headDim}, torch::kDouble)};
+}
+
+} // namespace
+
+TEST(TargetModelHooks, AttentionHookIsTheModelsAttention) {
+  const std::string bundle = test::targetSpecsBundle();
+  if (bundle.empty())
+    GTEST_SKIP() << "no target_model_specs bundle";
+  const SelfAttentionFn hook = attentionHook(bundle, "qwen3_attention", "qwen3_sliding_attention");
+  const AttentionProblem p = randomAttention(37, 4, 2, 128);
+  const double scale = 1.0 / std::sqrt(128.0);
+  // Rows; packed rows of 10 + 27 and 1 + 36 tokens; full and windowed.
+  for (const TokenLayout &layout :
+       {TokenLayout::rows(2, 37, torch::kCPU),
+        TokenLayout::packed(torch::tensor({0, 10, 37, 38, 74}, torch::kInt), 2, 37, torch::kCPU)})
+    for (std::optional<int64_t> window : {std::optional<int64_t>(), std::optional<int64_t>(5)}) {
+      const torch::Tensor got = hook({p.q, p.k, p.v, layout, window, scale});
+      const torch::Tensor want = causalAttention(p.q, p.k, p.v, layout, window, scale);
+      // float64 on both sides; the spec holds its scale as a float32.
+      EXPECT_LE(relativeError(got, want), 1e-7)
+          << (layout.isPacked() ? "packed" : "rows") << " window " << window.value_or(0);
+    }
+}
+
+TEST(TargetModelHooks, AttentionHookRefusesWhatItCannotServe) {
+  const std::string bundle = test::targetSpecsBundle();
+  if (bundle.empty())
+    GTEST_SKIP() << "no target_model_specs bundle";
+  // Specs in the wrong role, or whose mask is not the model's.
+  expectError<FormatError>([&] { attentionHook(bundle, "qwen3_sliding_attention"); },
+                           {"spec 'qwen3_sliding_attention'", "captures a window",
+                            "as the sliding-window spec"});
+  expectError<FormatError>([&] { attentionHook(bundle, "qwen3_attention", "qwen3_attention"); },
+                           {"sliding-window layers must capture the window"});
+  expectError<FormatError>(
+      [&] { attentionHook(bundle, "qwen3_attention", "window_too_wide"); },
+      {"spec 'window_too_wide'", "not the document-causal sliding-window (q - kv < window) pattern",
+       "sequences [0, 5) and [5, 12) with window 3", "query 3 of head 0 sees key 0"});
+
+  // Calls whose layer does not fit the spec.
+  const SelfAttentionFn hook = attentionHook(bundle, "qwen3_5_attention");
+  const TokenLayout rows = TokenLayout::rows(2, 9, torch::kCPU);
+  const AttentionProblem wide = randomAttention(9, 4, 2, 128);
+  expectError<FormatError>(
+      [&] { hook({wide.q, wide.k, wide.v, rows, std::nullopt, 1.0 / std::sqrt(128.0)}); },
+      {"spec 'qwen3_5_attention'", "4 query and 2 key/value heads of head_dim 64",
+       "the layer q [2, 9, 4, 128]"});
+  const AttentionProblem moreHeads = randomAttention(9, 8, 2, 64);
+  expectError<FormatError>(
+      [&] { hook({moreHeads.q, moreHeads.k, moreHeads.v, rows, std::nullopt, 0.125}); },
+      {"the layer q [2, 9, 8, 64]"});
+  const AttentionProblem fits = randomAttention(9, 4, 2, 64);
+  expectError<FormatError>([&] { hook({fits.q, fits.k, fits.v, rows, std::nullopt, 0.5}); },
+                           {"the spec's scale 0.125", "differs from the layer's 0.5"});
+  expectError<FormatError>([&] { hook({fits.q, fits.k, fits.v, rows, 4, 0.125}); },
+                           {"a sliding-window layer (window 4) needs a spec for sliding-window "
+                            "layers; the hook has none"});
+}
+
+TEST(TargetModelHooks, AttentionHookTakesOnlyTheModelsKindOfMask) {
+  // The example specs: a causal mask without document ids (rows only), a
+  // score_mod, a mask with captures the model does not have.
+  const std::string causal = test::exampleBundle("causal");
+  const std::string alibi = test::exampleBundle("alibi");
+  const std::string dflash = test::exampleBundle("dflash");
+  if (causal.empty() || alibi.empty() || dflash.empty())
+    GTEST_SKIP() << "no example attention bundles";
+  const SelfAttentionFn hook = attentionHook(causal, "causal_attention");
+  const AttentionProblem p = randomAttention(20, 32, 8, 128);
+  const double scale = 1.0 / std::sqrt(128.0);
+  const TokenLayout rows = TokenLayout::rows(2, 20, torch::kCPU);
+  EXPECT_LE(relativeError(hook({p.q, p.k, p.v, rows, std::nullopt, scale}),
+                          causalAttention(p.q, p.k, p.v, rows, std::nullopt, scale)),
+            1e-7);
+  const TokenLayout packed =
+      TokenLayout::packed(torch::tensor({0, 8, 20, 40}, torch::kInt), 2, 20, torch::kCPU);
+  expectError<FormatError>([&] { hook({p.q, p.k, p.v, packed, std::nullopt, scale}); },
+                           {"spec 'causal_attention'", "packed rows need a spec whose mask "
+                                                       "captures document_ids"});
+  expectError<FormatError>([&] { attentionHook(alibi, "alibi_attention"); },
+                           {"has a score_mod ('alibi')"});
+  expectError<FormatError>([&] { attentionHook(dflash, "drafter_attention"); },
+                           {"capture 'anchors' is not one the target model provides"});
+}
+
+// --- On a GPU ------------------------------------------------------------------------
+// Skipped without a CUDA device or the target_model_specs bundle
+// ($DFLEX_MODEL_BUNDLES; test/gpu/runtime/models.sh).
+
+namespace {
+
+/// transformers in bfloat16 against itself in float32: the worst relative
+/// error over the layers (plain and packed rows), the final norm and the
+/// logits. That is bfloat16's own error at this depth, the scale of what two
+/// bfloat16 implementations may differ by.
+double transformersBfloat16Error(const TempDir &dir) {
+  const SafeTensorsCheckpoint wide =
+      SafeTensorsCheckpoint::open(dir.file("reference_float32.safetensors"));
+  const SafeTensorsCheckpoint narrow =
+      SafeTensorsCheckpoint::open(dir.file("reference_bfloat16.safetensors"));
+  double worst = 0;
+  for (const std::string &name : wide.names())
+    if (name.find("layer_") != std::string::npos || name == "final" || name == "logits")
+      worst = std::max(worst, relativeError(narrow.tensor(name), wide.tensor(name)));
+  return worst;
+}
+
+/// The model in bfloat16 on CUDA with its attention and gated-delta layers
+/// through the dflex kernels, against transformers on the same GPU: in
+/// bfloat16 and in float32, both within twice bfloat16's own error (at
+/// least the CPU tolerance).
+void expectKernelParity(const std::string &model) {
+  const std::string bundle = test::targetSpecsBundle();
+  if (!torch::cuda::is_available() || bundle.empty())
+    GTEST_SKIP() << "needs a CUDA device and the target_model_specs bundle (DFLEX_MODEL_BUNDLES)";
+  TempDir dir;
+  writeReference(model, dir, "cuda");
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  const double bfloat16Error = transformersBfloat16Error(dir);
+  const double bound = std::max(kBfloat16Tolerance.hidden, 2 * bfloat16Error);
+  TargetModelOptions options;
+  options.dtype = torch::kBFloat16;
+  options.device = torch::kCUDA;
+  auto calls = std::make_shared<HookCalls>();
+  const TargetModelOptions hooked = withKernelHooks(options, bundle, model, calls);
+  const std::string label = " on CUDA through the dflex kernels";
+  const ParityErrors errors = expectMatchesReference(model, dir, hooked, {bound, bound}, label);
+  const ParityErrors wide =
+      expectMatchesReference(model, dir, hooked, {bound, bound}, label, torch::kFloat);
+  expectEveryLayerHooked(model, *calls, 4);
+  std::cout << "[ gpu parity ] target " << model << " (bfloat16, dflex kernels) against "
+            << "transformers on the same GPU: worst layer " << errors.layers << ", packed rows "
+            << errors.packedLayers << ", final norm " << errors.finalNorm << ", logits "
+            << errors.logits << " (bound " << bound << "); against transformers in float32: "
+            << "worst layer " << std::max(wide.layers, wide.packedLayers) << ", logits "
+            << wide.logits << ", where transformers' own bfloat16 reaches " << bfloat16Error
+            << "\n";
+}
+
+} // namespace
+
+TEST(TargetModelCuda, Qwen3ThroughTheKernelsMatchesTransformers) { expectKernelParity("qwen3_gpu"); }
+
+TEST(TargetModelCuda, Qwen35ThroughTheKernelsMatchesTransformers) {
+  expectKernelParity("qwen3_5_gpu");
+}
 
 TEST(TargetModel, StopsAfterTheLastCapturedLayer) {
   TempDir dir;
@@ -232,14 +491,14 @@ torch::Tensor sequentialGatedDelta(const torch::Tensor &q, const torch::Tensor &
   return torch::stack(out, 1);
 }
 
-struct GatedDeltaInputs {
+struct RuleInputs {
   torch::Tensor q, k, v, g, beta;
 };
 
-GatedDeltaInputs randomGatedDelta(int64_t batch, int64_t length) {
+RuleInputs randomGatedDelta(int64_t batch, int64_t length) {
   torch::manual_seed(7);
   const int64_t keyHeads = 2, valueHeads = 6, keyDim = 8, valueDim = 12;
-  GatedDeltaInputs in;
+  RuleInputs in;
   in.q = torch::randn({batch, length, keyHeads, keyDim}, torch::kDouble);
   in.k = torch::randn({batch, length, keyHeads, keyDim}, torch::kDouble);
   in.v = torch::randn({batch, length, valueHeads, valueDim}, torch::kDouble);
@@ -251,7 +510,7 @@ GatedDeltaInputs randomGatedDelta(int64_t batch, int64_t length) {
 } // namespace
 
 TEST(GatedDelta, ChunkedMatchesTheSequentialRecurrence) {
-  const GatedDeltaInputs in = randomGatedDelta(2, 37);
+  const RuleInputs in = randomGatedDelta(2, 37);
   const torch::Tensor expected = sequentialGatedDelta(in.q, in.k, in.v, in.g, in.beta);
   for (int64_t chunk : {64, 16, 5, 1}) {
     GatedDeltaOptions options;
@@ -269,7 +528,7 @@ TEST(GatedDelta, ChunkedMatchesTheSequentialRecurrence) {
 }
 
 TEST(GatedDelta, PackedSegmentsStartFromAZeroState) {
-  const GatedDeltaInputs in = randomGatedDelta(2, 30);
+  const RuleInputs in = randomGatedDelta(2, 30);
   // Row 0: [0, 12), [12, 30); row 1: [0, 1), [1, 30).
   const torch::Tensor cu = torch::tensor({0, 12, 30, 31, 60}, torch::kInt);
   const TokenLayout layout = TokenLayout::packed(cu, 2, 30, torch::kCPU);

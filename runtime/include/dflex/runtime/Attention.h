@@ -14,6 +14,7 @@
 
 #include "dflex/Analysis/TileList.h"
 #include "dflex/runtime/KernelBundle.h"
+#include "dflex/runtime/models/TargetModel.h"
 
 #include <torch/torch.h>
 
@@ -103,5 +104,21 @@ analysis::AttentionTileLists attentionTileLists(const AttentionKernelSpec &spec,
                                                 const std::vector<torch::Tensor> &captures,
                                                 int64_t batch, int64_t queryLength,
                                                 int64_t keyLength);
+
+/// A TargetModelOptions::attention hook: a target model's causal
+/// self-attention through this op, the bundle's kernels on CUDA tensors and
+/// the float64 reference on CPU tensors. `fullSpec` serves full-attention
+/// layers and `slidingSpec` (may be empty) sliding-window layers. Captures
+/// are bound by name: "document_ids" (int32 [B, T], the sequence of each
+/// token in the call's TokenLayout, so that packed rows stay apart) and
+/// "window" (the layer's window; the sliding spec must take it, the full
+/// spec must not). A spec without document_ids serves one sequence per row
+/// only. Creating the hook checks, on a small probe, that each spec's mask
+/// is the document-causal pattern (within the window for the sliding spec);
+/// each call checks the layer's heads, head dim and scale against the spec.
+/// Throws FormatError naming the bundle, the spec and the problem.
+models::SelfAttentionFn attentionHook(const std::string &bundleDirectory,
+                                      const std::string &fullSpec,
+                                      const std::string &slidingSpec = {});
 
 } // namespace dflex::runtime

@@ -1,16 +1,17 @@
 """An independent PyTorch implementation of the DFlash drafter, written from
 its definition (docs/models.md), for the C++ drafter to match:
 
-  drafter_reference.py --checkpoint DIR --inputs FILE --out FILE
+  drafter_reference.py --checkpoint DIR --inputs FILE --out FILE [--device cuda]
 
 DIR holds config.json and the drafter's safetensors; FILE (safetensors) the
 inputs: context_features [B, T, F], context_positions [B, T], block_tokens and
 block_positions [B, N, K], anchors, block_valid, context_start [B, N],
 embed_tokens and lm_head [V, H], labels and weights [B, N, K].
 
-Computes in float64 and writes hidden [B, N, K, H], loss (the weighted
-cross-entropy over positions with positive weight, normalised by the weight
-sum) and grad.<parameter> for every drafter parameter.
+Computes in float64 on --device (default cpu) and writes hidden [B, N, K, H],
+loss (the weighted cross-entropy over positions with positive weight,
+normalised by the weight sum) and grad.<parameter> for every drafter
+parameter, as CPU tensors.
 """
 import argparse
 import json
@@ -20,11 +21,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 
-def load_parameters(directory):
+def load_parameters(directory, device):
     parameters = {}
     for path in sorted(directory.glob("*.safetensors")):
         parameters.update(load_file(str(path)))
-    return {name: t.to(torch.float64).requires_grad_() for name, t in parameters.items()}
+    return {name: t.to(device, torch.float64).requires_grad_() for name, t in parameters.items()}
 
 
 def rms_norm(x, weight, eps):
@@ -34,7 +35,7 @@ def rms_norm(x, weight, eps):
 def rotate(x, positions, theta):
     """x [B, L, heads, D] at integer positions [B, L]."""
     dim = x.shape[-1]
-    inverse = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inverse = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim)
     angles = positions.to(torch.float64)[..., None] * inverse
     angles = torch.cat([angles, angles], -1)[:, :, None, :]
     half = dim // 2
@@ -75,15 +76,18 @@ def main():
     parser.add_argument("--checkpoint", required=True, type=pathlib.Path)
     parser.add_argument("--inputs", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
+    device = torch.device(args.device)
 
     config = json.loads((args.checkpoint / "config.json").read_text())
     assert config.get("rope_scaling") is None, "the reference implements the default RoPE only"
     eps, theta = config["rms_norm_eps"], config["rope_theta"]
     head_dim, block_size = config["head_dim"], config["dflash_config"]["block_size"]
-    p = load_parameters(args.checkpoint)
-    inputs = load_file(args.inputs)
-    features = inputs["context_features"].to(torch.float64)
+    p = load_parameters(args.checkpoint, device)
+    inputs = load_file(args.inputs)  # on the CPU, where the masks are built
+    on_device = {name: t.to(device) for name, t in inputs.items()}
+    features = on_device["context_features"].to(torch.float64)
     batch, context_length = features.shape[:2]
     blocks = inputs["block_tokens"].shape[1]
     queries = blocks * block_size
@@ -94,13 +98,13 @@ def main():
         window = config["sliding_window"] if kind == "sliding_attention" else None
         masks[kind] = torch.tensor(
             [[[visible(b, q, s, inputs, context_length, block_size, window) for s in range(keys)]
-              for q in range(queries)] for b in range(batch)], dtype=torch.bool)
+              for q in range(queries)] for b in range(batch)], dtype=torch.bool, device=device)
 
     context = rms_norm(features @ p["fc.weight"].T, p["hidden_norm.weight"], eps)
-    embed = inputs["embed_tokens"].to(torch.float64)
-    x = embed[inputs["block_tokens"].reshape(batch, queries)]
-    query_positions = inputs["block_positions"].reshape(batch, queries)
-    key_positions = torch.cat([inputs["context_positions"], query_positions], 1)
+    embed = on_device["embed_tokens"].to(torch.float64)
+    x = embed[on_device["block_tokens"].reshape(batch, queries)]
+    query_positions = on_device["block_positions"].reshape(batch, queries)
+    key_positions = torch.cat([on_device["context_positions"], query_positions], 1)
     for i, kind in enumerate(config["layer_types"]):
         w = lambda name: p[f"layers.{i}.{name}"]
         h = rms_norm(x, w("input_layernorm.weight"), eps)
@@ -118,15 +122,15 @@ def main():
         x = x + (torch.nn.functional.silu(gate) * (h @ w("mlp.up_proj.weight").T)) @ w("mlp.down_proj.weight").T
     hidden = rms_norm(x, p["norm.weight"], eps).view(batch, blocks, block_size, -1)
 
-    weights = inputs["weights"].to(torch.float64)
+    weights = on_device["weights"].to(torch.float64)
     used = weights > 0
-    logits = hidden[used] @ inputs["lm_head"].to(torch.float64).T
-    losses = torch.nn.functional.cross_entropy(logits, inputs["labels"][used], reduction="none")
+    logits = hidden[used] @ on_device["lm_head"].to(torch.float64).T
+    losses = torch.nn.functional.cross_entropy(logits, on_device["labels"][used], reduction="none")
     loss = (losses * weights[used]).sum() / weights[used].sum()
     loss.backward()
 
-    result = {"hidden": hidden.detach(), "loss": loss.detach()}
-    result.update({f"grad.{name}": t.grad for name, t in p.items()})
+    result = {"hidden": hidden.detach().cpu(), "loss": loss.detach().cpu()}
+    result.update({f"grad.{name}": t.grad.cpu() for name, t in p.items()})
     save_file(result, args.out)
     print(f"drafter_reference: loss {loss.item():.6f}")
 

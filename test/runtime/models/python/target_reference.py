@@ -1,14 +1,20 @@
 """Builds a tiny random target model with transformers and writes what it
 computes, for the C++ target models to match:
 
-  target_reference.py --model NAME --out DIR
+  target_reference.py --model NAME --out DIR [--device cuda]
 
 NAME is qwen3 (dense, untied head), qwen3_variant (tied embeddings, q/k/v/o
 biases, sliding-window layers, YaRN RoPE) or qwen3_5 (hybrid: gated-delta and
-gated full-attention layers, grouped value heads, sharded checkpoint).
+gated full-attention layers, grouped value heads, sharded checkpoint); or
+qwen3_gpu and qwen3_5_gpu, with the head dims the dflex kernels take (the
+specs of ../target_model_specs.mlir): Qwen3 with heads of 128 and
+sliding-window layers, Qwen3.5 with attention heads of 64 and gated-delta
+key and value heads of 128.
 
-Writes DIR/model (save_pretrained, float32) and, per dtype (float32,
-bfloat16), DIR/reference_<dtype>.safetensors with
+The model is built and randomised on the CPU (the same weights everywhere)
+and run by transformers on --device (default cpu). Writes DIR/model
+(save_pretrained, float32) and, per dtype (float32, bfloat16),
+DIR/reference_<dtype>.safetensors (CPU tensors) with
   input_ids [B, T], layer_<l> [B, T, H] (the output of decoder layer l, taken
   by a hook), final [B, T, H] (after the final norm), logits [B, T, V];
   packed_input_ids, packed_position_ids, cu_seqlens, packed_layer_<l>: rows
@@ -27,11 +33,13 @@ PACKED_DOCUMENTS = [[40, 70, 40], [1, 96, 53]]  # lengths per row, summing to LE
 def build(name):
     if name.startswith("qwen3_5"):
         from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+        gpu = name == "qwen3_5_gpu"
         config = Qwen3_5TextConfig(
             vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-            linear_value_head_dim=24, linear_conv_kernel_dim=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=64 if gpu else 32,
+            linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=128 if gpu else 16, linear_value_head_dim=128 if gpu else 24,
+            linear_conv_kernel_dim=4,
             layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.25},
@@ -42,6 +50,13 @@ def build(name):
         config = Qwen3Config(
             vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False)
+    elif name == "qwen3_gpu":
+        config = Qwen3Config(
+            vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+            use_sliding_window=True, sliding_window=48, max_window_layers=2,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             tie_word_embeddings=False)
     elif name == "qwen3_variant":
@@ -95,7 +110,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True, type=pathlib.Path)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    # float32 means float32 on a GPU too (cuDNN convolutions default to TF32).
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
 
     torch.manual_seed(1234)
     model = build(args.model).eval()
@@ -117,8 +137,8 @@ def main():
 
     from transformers import AutoModelForCausalLM
     for dtype in (torch.float32, torch.bfloat16):
-        loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-        layers, final, logits = layer_outputs(loaded, input_ids)
+        loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        layers, final, logits = layer_outputs(loaded, input_ids.to(device))
         tensors = {"input_ids": input_ids, "final": final, "logits": logits}
         tensors.update({f"layer_{i}": h for i, h in enumerate(layers)})
         packed = [torch.zeros(BATCH, LENGTH, model.config.hidden_size, dtype=dtype)
@@ -126,7 +146,7 @@ def main():
         for row, lengths in enumerate(PACKED_DOCUMENTS):
             start = 0
             for length in lengths:
-                document = packed_ids[row:row + 1, start:start + length]
+                document = packed_ids[row:row + 1, start:start + length].to(device)
                 for i, h in enumerate(layer_outputs(loaded, document)[0]):
                     packed[i][row, start:start + length] = h[0]
                 start += length
@@ -134,7 +154,7 @@ def main():
                         "cu_seqlens": torch.tensor(bounds, dtype=torch.int32)})
         tensors.update({f"packed_layer_{i}": h for i, h in enumerate(packed)})
         name = "float32" if dtype == torch.float32 else "bfloat16"
-        save_file({k: v.contiguous() for k, v in tensors.items()},
+        save_file({k: v.cpu().contiguous() for k, v in tensors.items()},
                   str(args.out / f"reference_{name}.safetensors"))
     print(f"target_reference: {args.model} written to {args.out}")
 

@@ -77,9 +77,10 @@ public:
                        double scale) const override;
 };
 
-/// The dflex attention op (runtime/Attention.h) with the specs of a kernel
-/// bundle: one for full-attention layers and, if the drafter has any, one
-/// for sliding-window layers. Captures are bound by name: "anchors" (int32
+/// The dflex attention op (runtime/Attention.h) with the specs of kernel
+/// bundles: one for full-attention layers and, if the drafter has any, one
+/// for sliding-window layers (from `slidingWindowBundle`, or the same bundle
+/// when that is empty). Captures are bound by name: "anchors" (int32
 /// [B, N], -1 for padding blocks), "ctx_len" (T), "window", and
 /// "context_start" (int32 [B, N]) when the spec declares it. A spec without
 /// context_start only knows "keys before the anchor": it is refused for
@@ -87,13 +88,14 @@ public:
 class BundleDrafterAttention : public DrafterAttention {
 public:
   BundleDrafterAttention(std::string bundleDirectory, std::string fullAttentionSpec,
-                         std::string slidingWindowSpec = {});
+                         std::string slidingWindowSpec = {},
+                         std::string slidingWindowBundle = {});
   torch::Tensor attend(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &v,
                        const DFlashBlocks &blocks, LayerKind kind, std::optional<int64_t> window,
                        double scale) const override;
 
 private:
-  std::string bundle_, fullSpec_, slidingSpec_;
+  std::string bundle_, fullSpec_, slidingSpec_, slidingBundle_;
 };
 
 /// An RMSNorm with its weight (Qwen3 convention).

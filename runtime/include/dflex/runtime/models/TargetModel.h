@@ -40,9 +40,10 @@ using GatedDeltaFn = std::function<torch::Tensor(const GatedDeltaCall &)>;
 struct TargetModelOptions {
   torch::ScalarType dtype = torch::kBFloat16;
   torch::Device device = torch::kCPU;
-  /// Hook points for the GPU kernels (the dflex attention op with a
-  /// document-causal spec, a dflex gated-delta op). Empty: causalAttention
-  /// and gatedDeltaRule in plain LibTorch.
+  /// Hook points for the GPU kernels: the dflex attention op with a
+  /// document-causal spec (attentionHook, dflex/runtime/Attention.h) and the
+  /// dflex gated-delta op (gatedDeltaHook, dflex/runtime/GatedDelta.h).
+  /// Empty: causalAttention and gatedDeltaRule in plain LibTorch.
   SelfAttentionFn attention;
   GatedDeltaFn gatedDelta;
 };
