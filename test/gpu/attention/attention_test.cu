@@ -574,7 +574,6 @@ void check_dflash(const std::string& name, int batch, int q_heads, int kv_heads,
   host_variant.anchors = anchors.data();
   host_variant.blocks = blocks;
   host_variant.context_len = context_len;
-  host_variant.block_size = 16;
   DFlashVariant device_variant = host_variant;
   device_variant.anchors = device_anchors.get();
   CaseSpec spec;
@@ -866,7 +865,6 @@ void with_dflash_timing_problem(Body&& body) {
   host_variant.anchors = anchors.data();
   host_variant.blocks = blocks;
   host_variant.context_len = context_len;
-  host_variant.block_size = 16;
   DFlashVariant device_variant = host_variant;
   device_variant.anchors = device_anchors.get();
   const Problem p{1, 32, 8, blocks * 16, context_len + blocks * 16, 128, 1.0 / std::sqrt(128.0)};

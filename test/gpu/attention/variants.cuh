@@ -27,21 +27,22 @@ struct DenseVariant : IdentityScore {
   __host__ __device__ bool mask(i64, i64, i64, i64) const { return true; }
 };
 
-// DFlash training mask. Queries come in blocks of block_size; block i of
+// DFlash training mask. Queries come in blocks of kBlockSize; block i of
 // batch b has anchor anchors[b * blocks + i] (-1: padding block). Keys are
-// [context_len context tokens ; blocks * block_size block tokens]. A query
+// [context_len context tokens ; blocks * kBlockSize block tokens]. A query
 // sees context keys strictly before its anchor and every key of its own block.
 struct DFlashVariant : IdentityScore {
   const int* anchors;
   int blocks;
   int context_len;
-  int block_size;
+  // A constant, as in examples/dflash.mlir: the divisions become shifts.
+  static constexpr int kBlockSize = 16;
   __host__ __device__ bool mask(i64 b, i64, i64 q, i64 kv) const {
-    const i64 block = q / block_size;
+    const i64 block = q / kBlockSize;
     const int anchor = anchors[b * blocks + block];
     if (anchor < 0) return false;
     if (kv < context_len) return kv < anchor;
-    return (kv - context_len) / block_size == block;
+    return (kv - context_len) / kBlockSize == block;
   }
 };
 

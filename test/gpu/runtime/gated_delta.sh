@@ -27,7 +27,7 @@ fi
 ninja -C "$build" dflex_torch_ops
 PYTHONUNBUFFERED=1 python3 test/gpu/runtime/gated_delta_op_gpu.py \
   --library "$build/runtime/libdflex_torch_ops.so" --bundles "$bundles" "$@"
-if ninja -C "$build" -t targets all | grep -q '^dflex-gated-delta-runtime-tests:'; then
+if ninja -C "$build" -t targets all | grep '^dflex-gated-delta-runtime-tests:' >/dev/null; then
   ninja -C "$build" dflex-gated-delta-runtime-tests
   DFLEX_GATED_DELTA_BUNDLES=$(cd "$bundles" && pwd) \
     "$build/test/runtime/gated_delta/dflex-gated-delta-runtime-tests" --gtest_filter='GatedDeltaCuda.*'
