@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """FLA's chunk_gated_delta_rule on the gated-delta benchmark shapes.
 
-usage: gdn_fla_bench.py FLA_SRC [--all]
+usage: gdn_fla_bench.py FLA_SRC [--all | --shape BxTxH ...]
 
 FLA_SRC holds FLA's `fla` package (public source, kept out of the project).
 Timed as the dflex kernels are in test/gpu/gated_delta: bf16, d=128, q/k L2
 normalised in the kernel, delta rule, no states; median of 20 after warm-up.
 The first call (autotuning) is timed too. With Triton < 3.7.1 on Hopper FLA
 refuses its gated backward; its guard is lifted for timing only (the
-backward's values are not used). Without --all only 1 x 16384 x 16 runs
-(each new shape autotunes for about two minutes).
+backward's values are not used). Without --all or --shape only 1 x 16384 x
+16 runs (each new shape autotunes for about two minutes).
 """
 
 import json
@@ -28,7 +28,11 @@ from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 from timing import median_ms
 
 SHAPES = [(1, 16384, 16), (1, 32768, 32), (8, 2048, 16)]
-if "--all" not in sys.argv:
+CHOSEN = [tuple(int(n) for n in sys.argv[i + 1].split("x")) for i, arg in enumerate(sys.argv)
+          if arg == "--shape"]
+if CHOSEN:
+    SHAPES = CHOSEN
+elif "--all" not in sys.argv:
     SHAPES = SHAPES[:1]
 dev, d = "cuda", 128
 
