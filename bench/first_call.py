@@ -5,8 +5,8 @@ before its first attention or gated-delta step, from a warm cache.
 usage: first_call.py LIBDFLEX_TORCH_OPS BUNDLES_DIR
 
 Each measurement runs in a new Python process. After torch has imported,
-initialised CUDA and run one autograd step of its own (costs any PyTorch
-program pays), the child times load_library, then the first forward+backward
+initialised CUDA and run one autograd step of its own with a given gradient
+(costs any PyTorch program pays), the child times load_library, then the first forward+backward
 (module load from the bundle, tile lists, kernels) on the DFlash training
 shape, then a second shape with a new anchor count; and the same for the
 gated-delta op on shapes the process has not seen (T = 12345, then 3001).
@@ -79,11 +79,13 @@ def child(lib, bundles, op):
         torch.cuda.synchronize()
         timings[label] = time.perf_counter() - start
         return result
-    # Inputs first, and one autograd step of plain torch: the lazy
-    # initialisation every PyTorch program pays is not dflex's.
+    # Inputs first, and one autograd step of plain torch in the same form
+    # (backward with a given gradient: its first call imports sympy, seconds
+    # on a fresh machine): the lazy initialisation every PyTorch program pays
+    # is not dflex's.
     first, second = make(shapes[0]), make(shapes[1])
     warm = torch.randn(8, device="cuda", requires_grad=True)
-    (warm * 2).sum().backward()
+    (warm * 2).backward(torch.ones_like(warm))
     torch.cuda.synchronize()
 
     timings = {}

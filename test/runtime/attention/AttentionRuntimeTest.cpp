@@ -172,7 +172,7 @@ void writeBundle(const std::string &directory,
     // The Hopper kernels' launch constants as dflex-compile reads them for head_dim 128.
     if (contents.hopperForward) {
       launch["dflex_forward_sm90_launch"]["threads"] = 384;
-      launch["dflex_forward_sm90_launch"]["shared_bytes"] = 164920;
+      launch["dflex_forward_sm90_launch"]["shared_bytes"] = 164936;
       launch["dflex_forward_sm90_launch"]["block_m"] = 128;
       launch["dflex_forward_sm90_launch"]["block_n"] = 128;
     }
