@@ -52,16 +52,26 @@ struct Sw128Tile {
     return (col >> 6) * kBlockBytes + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + ((col & 7) << 1);
   }
 
+  // An operand `byte_offset` bytes into the tile: the tile's own descriptor
+  // with its start-address field (address / 16, bits 0..13) moved. Operand
+  // starts are multiples of 16 bytes and shared addresses stay below 2^18, so
+  // the field never carries; the tile's descriptor is then computed once and
+  // each k-step only adds a constant (fewer instructions than encoding every
+  // operand's address anew).
+  __device__ __forceinline__ static unsigned long long at(unsigned long long tile_descriptor, int byte_offset) {
+    return tile_descriptor + (static_cast<unsigned>(byte_offset) >> 4);
+  }
+
   // K-major operand: rows row0 .. (multiple of 8) x columns k0 .. k0 + 15 (k0 multiple of 16).
   // K never leaves a 128-byte row within one instruction, so the leading offset is unused.
   __device__ __forceinline__ static unsigned long long k_major(unsigned tile, int row0, int k0) {
-    return wgmma_descriptor(tile + (k0 >> 6) * kBlockBytes + row0 * 128 + ((k0 & 63) << 1), 16, 1024);
+    return at(wgmma_descriptor(tile, 16, 1024), (k0 >> 6) * kBlockBytes + row0 * 128 + ((k0 & 63) << 1));
   }
 
   // MN-major operand: K = rows k0 .. k0 + 15 (k0 multiple of 8), M/N = columns mn0 .. (mn0
   // multiple of 64). Leading offset: from one 64-column block to the next; stride: 8 rows.
   __device__ __forceinline__ static unsigned long long mn_major(unsigned tile, int k0, int mn0) {
-    return wgmma_descriptor(tile + (mn0 >> 6) * kBlockBytes + k0 * 128, kBlockBytes, 1024);
+    return at(wgmma_descriptor(tile, kBlockBytes, 1024), (mn0 >> 6) * kBlockBytes + k0 * 128);
   }
 };
 
