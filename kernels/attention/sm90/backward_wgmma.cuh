@@ -89,6 +89,55 @@ struct BackwardTileCursor {
   __device__ __forceinline__ int entry() const { return tiles.entries[index]; }
 };
 
+// Where a consumer thread's accumulator elements of one (key tile, query
+// tile) pair sit: element (b, e) of S^T is query q_start + 8 * b + col_pair +
+// e % 2 and key key0 + 8 * (e / 2).
+struct BackwardTileCoordinates {
+  int q_start;
+  int key0;
+  int col_pair;
+  bool partial;
+};
+
+// P^T into p_frag (packed: the A operand of dV += P^T dO, k = queries,
+// blocks 2s and 2s + 1 forming k-step s) and, in place of S^T,
+// P * d logit / d(q.k). kChecked tests every pair's visibility (partial tiles
+// and tiles crossing a sequence end); the caller picks the instantiation once
+// per tile, not per element. Selects, not branches, inside: dP^T is in flight.
+template <bool kChecked, class Element, class Variant, int kBlocks, int kSteps>
+__device__ __forceinline__ void backward_probabilities(const LogitMap<Variant>& logits,
+                                                       const BackwardTileCoordinates& tile,
+                                                       const AttentionShape& shape, unsigned lse_row,
+                                                       float (&scores)[kBlocks][4], unsigned (&p_frag)[kSteps][4]) {
+  static_assert(kBlocks == 2 * kSteps, "two 8-query blocks per k-step");
+#pragma unroll
+  for (int b = 0; b < kBlocks; ++b) {
+    const int col = 8 * b + tile.col_pair;
+    const float2 lse = load_shared_f32x2(lse_row + 4 * col);
+    // LSE = -inf (the row sees nothing) becomes +inf: P = exp2(logit - inf) = 0.
+    const float lse_log2[2] = {lse.x == negative_infinity() ? positive_infinity() : lse.x * kLog2e,
+                               lse.y == negative_infinity() ? positive_infinity() : lse.y * kLog2e};
+    float p[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int q = tile.q_start + col + (e & 1);
+      const int kv = tile.key0 + 8 * (e >> 1);
+      const float exponentiated = fast_exp2(logits.logit(scores[b][e], q, kv) - lse_log2[e & 1]);
+      const float factor = exponentiated * logits.logit_grad(scores[b][e], q, kv);
+      if constexpr (kChecked) {
+        const bool visible = logits.visible(tile.partial, q, kv, shape.q_len, shape.kv_len);
+        p[e] = visible ? exponentiated : 0.f;
+        scores[b][e] = visible ? factor : 0.f;
+      } else {
+        p[e] = exponentiated;
+        scores[b][e] = factor;
+      }
+    }
+    p_frag[b / 2][2 * (b & 1)] = ElementTraits<Element>::pack(p[0], p[1]);
+    p_frag[b / 2][2 * (b & 1) + 1] = ElementTraits<Element>::pack(p[2], p[3]);
+  }
+}
+
 // Grid: (ceil(kv_len / kBlockN), kv_heads, batch); Config::kThreads threads;
 // Config::kSharedBytes of dynamic shared memory. Needs the preprocess kernel
 // (delta, zeroed accumulator) and the backward tile list. sm_90a only.
@@ -249,31 +298,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       wgmma_wait<1>();
       register_fence(scores);
 
-      // P^T (packed: the A operand of dV += P^T dO, k = queries, blocks 2s
-      // and 2s + 1 forming k-step s) and, in place of S^T, P * d logit / d(q.k).
-      // Selects, not branches: a branch while dP^T is in flight would make the
-      // compiler serialise the kernel's wgmmas.
+      // P^T (packed: the A operand of dV += P^T dO) and, in place of S^T,
+      // P * d logit / d(q.k); the visibility test only where the tile needs it.
       const LogitMap<Variant> logits(variant, batch, head, shape.scale);
+      const BackwardTileCoordinates tile{q_start, kv_start + key_row, col_pair, partial};
       unsigned p_frag[kQuerySteps][4];
-#pragma unroll
-      for (int b = 0; b < kQueryBlocks; ++b) {
-        const int col = 8 * b + col_pair;
-        const float2 lse = load_shared_f32x2(smem.lse(stage) + 4 * col);
-        // LSE = -inf (the row sees nothing) becomes +inf: P = exp2(logit - inf) = 0.
-        const float lse_log2[2] = {lse.x == negative_infinity() ? positive_infinity() : lse.x * kLog2e,
-                                   lse.y == negative_infinity() ? positive_infinity() : lse.y * kLog2e};
-        float p[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int q = q_start + col + (e & 1);
-          const int kv = kv_start + key_row + 8 * (e >> 1);
-          const bool visible = !checked || logits.visible(partial, q, kv, shape.q_len, shape.kv_len);
-          const float exponentiated = fast_exp2(logits.logit(scores[b][e], q, kv) - lse_log2[e & 1]);
-          p[e] = visible ? exponentiated : 0.f;
-          scores[b][e] = visible ? exponentiated * logits.logit_grad(scores[b][e], q, kv) : 0.f;
-        }
-        p_frag[b / 2][2 * (b & 1)] = ElementTraits<Element>::pack(p[0], p[1]);
-        p_frag[b / 2][2 * (b & 1) + 1] = ElementTraits<Element>::pack(p[2], p[3]);
+      if (checked) {
+        backward_probabilities<true, Element>(logits, tile, shape, smem.lse(stage), scores, p_frag);
+      } else {
+        backward_probabilities<false, Element>(logits, tile, shape, smem.lse(stage), scores, p_frag);
       }
 
       // dS^T = P * (dP - delta) * d logit / d(q.k).
