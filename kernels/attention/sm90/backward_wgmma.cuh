@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     const int key_row = 64 * consumer + warp_row;                        // row of K, V, dK, dV in the tile
     const int col_pair = 2 * (lane & 3);
 
-    // product += (this warpgroup's 64 rows of key_tile) (query_tile)^T, K-major
+    // product = (this warpgroup's 64 rows of key_tile) (query_tile)^T, K-major
     // operands both (K or V times Q or dO), issued and committed.
     auto issue_key_query_product = [&](float (&product)[kQueryBlocks][4], unsigned key_tile, unsigned query_tile) {
 #pragma unroll
