@@ -93,6 +93,14 @@ constexpr int kRowKernelThreads = 256;
 template <class Element, int kHeadDim, int kComputeCapability = 90>
 struct DefaultAttentionConfigs;
 
+#if defined(__CUDA_ARCH__)
+// The compute capability the device code is compiled for (90 for sm_90 and
+// sm_90a, 120 for sm_120): generated modules pick their configs with it, so
+// each arch's binary, and the launch constants compiled into it, carry that
+// arch's configs. A host pass has no target, hence no value.
+constexpr int kCompiledComputeCapability = __CUDA_ARCH__ / 10;
+#endif
+
 template <class Element, int kComputeCapability>
 struct DefaultAttentionConfigs<Element, 64, kComputeCapability> {
   using Forward = typename Select<(kComputeCapability >= 120),

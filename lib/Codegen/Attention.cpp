@@ -61,22 +61,24 @@ Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
            << kSm90Guard << "#include \"attention/sm90/attention_sm90.cuh\"\n#endif\n";
   source << "\nnamespace dflex_generated {\n\n"
          << emitVariant("Variant", layout.value(), mask, scoreMod) << "\n"
+         << "// The configs of the arch this binary is compiled for.\n"
          << "using Configs = ::dflex::kernels::DefaultAttentionConfigs<" << element << ", "
-         << headDim << ">;\n";
+         << headDim << ", ::dflex::kernels::kCompiledComputeCapability>;\n";
   if (sm90.forward)
     source << kSm90Guard << "using Sm90Configs = ::dflex::kernels::Sm90AttentionConfigs<"
            << element << ", " << headDim << ">;\n#endif\n";
   source << "\n} // namespace dflex_generated\n\n";
 
-  // Launch constants of one pass's main kernel.
+  // Launch constants of one pass's main kernel, in the order of
+  // kForwardLaunchNames / kBackwardLaunchNames.
   auto launchArray = [&](const std::string &symbol, const std::string &config, bool backward) {
-    source << "extern \"C\" __device__ const int " << symbol << "[" << (backward ? 5 : 4)
-           << "] = {\n"
+    source << "extern \"C\" __device__ const int " << symbol << "["
+           << (backward ? kBackwardLaunchNames.size() : kForwardLaunchNames.size()) << "] = {\n"
            << "    " << config << "::kThreads, " << config << "::kSharedBytes,\n"
            << "    " << config << "::kBlockM, " << config << "::kBlockN"
            << (backward ? ",\n    ::dflex::kernels::kRowKernelThreads};\n" : "};\n");
   };
-  source << "// Launch constants, read back from the compiled module:\n"
+  source << "// Launch constants, read back from each arch's compiled module:\n"
          << "// threads per block, dynamic shared bytes, query tile, key tile\n"
          << "// (backward: and threads of the row kernels).\n";
   launchArray("dflex_forward_launch", "dflex_generated::Configs::Forward", false);
@@ -110,10 +112,13 @@ Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
        "dflex::kernels::attention_backward_grad_q_kernel<" + backward + ">"},
       {"tile_classify", "dflex::kernels::tile_classify_kernel<" + variant + ">"},
   };
+  const std::vector<std::string> forwardNames(kForwardLaunchNames.begin(),
+                                              kForwardLaunchNames.end());
+  const std::vector<std::string> backwardNames(kBackwardLaunchNames.begin(),
+                                               kBackwardLaunchNames.end());
   module.launchConstants = {
-      {"dflex_forward_launch", {"threads", "shared_bytes", "block_m", "block_n"}},
-      {"dflex_backward_launch",
-       {"threads", "shared_bytes", "block_m", "block_n", "row_kernel_threads"}},
+      {"dflex_forward_launch", forwardNames},
+      {"dflex_backward_launch", backwardNames},
       {"dflex_tile_classify_launch", {"threads"}},
   };
   if (sm90.forward) {
@@ -122,9 +127,7 @@ Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
                               "dflex::kernels::attention_forward_sm90_kernel<" + sm90Forward +
                                   ", " + variant + ">",
                               kSm90Target});
-    module.launchConstants.push_back({"dflex_forward_sm90_launch",
-                                      {"threads", "shared_bytes", "block_m", "block_n"},
-                                      kSm90Target});
+    module.launchConstants.push_back({"dflex_forward_sm90_launch", forwardNames, kSm90Target});
   }
   if (sm90.backward) {
     // Its own preprocess (the same code, instantiated with the Hopper config)
@@ -142,10 +145,7 @@ Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
                               "dflex::kernels::attention_backward_grad_q_sm90_kernel<" +
                                   sm90Backward + ">",
                               kSm90Target});
-    module.launchConstants.push_back(
-        {"dflex_backward_sm90_launch",
-         {"threads", "shared_bytes", "block_m", "block_n", "row_kernel_threads"},
-         kSm90Target});
+    module.launchConstants.push_back({"dflex_backward_sm90_launch", backwardNames, kSm90Target});
   }
   return module;
 }

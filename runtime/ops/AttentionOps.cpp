@@ -49,9 +49,10 @@ at::Tensor attentionMaskOp(const std::string &bundle, const std::string &spec,
 std::vector<std::string> attentionKernelsOp(const std::string &bundle, const std::string &spec,
                                             int64_t computeCapability) {
   using namespace dflex::runtime;
+  std::shared_ptr<const KernelBundle> opened = KernelBundle::openCached(bundle);
   const AttentionKernelPlan plan =
-      planAttentionKernels(KernelBundle::openCached(bundle)->attention(spec),
-                           static_cast<int>(computeCapability), attentionKernelChoice());
+      planAttentionKernels(*opened, opened->attention(spec), static_cast<int>(computeCapability),
+                           attentionKernelChoice());
   auto family = [](const AttentionPassKernels &pass) { return pass.sm90 ? "sm90" : "portable"; };
   return {plan.arch, plan.compiled ? "compiled" : "bundle", family(plan.forward),
           family(plan.backward)};

@@ -302,9 +302,9 @@ DeviceTileLists callTiles(const AttentionKernelSpec &spec, const BoundCaptures &
                          device);
 }
 
-AttentionKernelPlan devicePlan(const AttentionKernelSpec &spec, const torch::Device &device,
-                               AttentionKernelChoice choice) {
-  return planAttentionKernels(spec, deviceComputeCapability(device.index()), choice);
+AttentionKernelPlan devicePlan(const KernelBundle &bundle, const AttentionKernelSpec &spec,
+                               const torch::Device &device, AttentionKernelChoice choice) {
+  return planAttentionKernels(bundle, spec, deviceComputeCapability(device.index()), choice);
 }
 
 using torch::autograd::AutogradContext;
@@ -325,7 +325,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     AttentionOutputs outputs;
     if (q.is_cuda()) {
       const AttentionKernelChoice choice = attentionKernelChoice();
-      const AttentionKernelPlan plan = devicePlan(spec, q.device(), choice);
+      const AttentionKernelPlan plan = devicePlan(*bundle, spec, q.device(), choice);
       BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
       DeviceTileLists tiles =
           callTiles(spec, bound, problem, plan, /*forward=*/true, needBackward, q.device());
@@ -376,8 +376,8 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
       const auto choice =
           static_cast<AttentionKernelChoice>(ctx->saved_data["kernel_choice"].toInt());
       BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/false);
-      grads = cudaBackward(*bundle, spec, devicePlan(spec, q.device(), choice), problem, q, k,
-                           v, out, logSumExp, gradOut, bound, tiles);
+      grads = cudaBackward(*bundle, spec, devicePlan(*bundle, spec, q.device(), choice), problem,
+                           q, k, v, out, logSumExp, gradOut, bound, tiles);
     } else {
       grads = attentionBackward(*bundle, spec, q, k, v, out, logSumExp, gradOut, captures);
     }
@@ -399,7 +399,7 @@ AttentionOutputs attentionForward(const KernelBundle &bundle, const AttentionKer
   if (!q.is_cuda())
     return referenceForward(spec, problem, q, k, v,
                             bindCaptures(spec, captures, std::nullopt, /*needHost=*/true));
-  const AttentionKernelPlan plan = devicePlan(spec, q.device(), attentionKernelChoice());
+  const AttentionKernelPlan plan = devicePlan(bundle, spec, q.device(), attentionKernelChoice());
   BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
   return cudaForward(bundle, spec, plan, problem, q, k, v, bound,
                      callTiles(spec, bound, problem, plan, /*forward=*/true,
@@ -433,7 +433,7 @@ AttentionGrads attentionBackward(const KernelBundle &bundle, const AttentionKern
   if (out.scalar_type() != q.scalar_type() || gradOut.scalar_type() != q.scalar_type() ||
       logSumExp.scalar_type() != torch::kFloat)
     throw FormatError(where + "o and grad_o must have the dtype of q, lse must be float32");
-  const AttentionKernelPlan plan = devicePlan(spec, q.device(), attentionKernelChoice());
+  const AttentionKernelPlan plan = devicePlan(bundle, spec, q.device(), attentionKernelChoice());
   BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
   return cudaBackward(bundle, spec, plan, problem, q, k, v, out, logSumExp, gradOut, bound,
                       callTiles(spec, bound, problem, plan, /*forward=*/false,
@@ -491,8 +491,8 @@ AttentionKernelChoice attentionKernelChoice() {
                     "': expected auto, portable or sm90");
 }
 
-AttentionKernelPlan planAttentionKernels(const AttentionKernelSpec &spec, int computeCapability,
-                                         AttentionKernelChoice choice) {
+AttentionKernelPlan planAttentionKernels(const KernelBundle &bundle, const AttentionKernelSpec &spec,
+                                         int computeCapability, AttentionKernelChoice choice) {
   const std::string plain = "sm_" + std::to_string(computeCapability);
   const std::string specific = plain + "a";
   auto hasCubin = [&](const std::string &arch) {
@@ -512,14 +512,14 @@ AttentionKernelPlan planAttentionKernels(const AttentionKernelSpec &spec, int co
       if (kernel.requiredTarget == specific)
         plan.arch = specific;
   }
-  const bool sm90Forward = spec.forwardSm90 && spec.hasKernel("attention_forward_sm90", plan.arch);
-  const bool sm90Backward =
-      spec.backwardSm90 && spec.hasKernel("attention_backward_sm90", plan.arch);
+  const bool sm90Forward = spec.hasKernel("attention_forward_sm90", plan.arch);
+  const bool sm90Backward = spec.hasKernel("attention_backward_sm90", plan.arch);
   if (choice == AttentionKernelChoice::Sm90 && !sm90Forward) {
+    const bool listed = spec.hasRole("attention_forward_sm90");
     std::string why;
-    if (!spec.forwardSm90 && !codegen::sm90KernelsFor(spec.qkHeadDim).forward)
+    if (!listed && !codegen::sm90KernelsFor(spec.qkHeadDim).forward)
       why = "head_dim " + std::to_string(spec.qkHeadDim) + " has none";
-    else if (!spec.forwardSm90)
+    else if (!listed)
       why = "the bundle was compiled without them (dflex-compile --arch sm_90a)";
     else if (computeCapability != 90)
       why = "they run on sm_90 devices (H100/H200), this one is " + plain;
@@ -528,11 +528,14 @@ AttentionKernelPlan planAttentionKernels(const AttentionKernelSpec &spec, int co
     throw FormatError("DFLEX_ATTENTION_KERNELS=sm90: attention spec '" + spec.name +
                       "' has no sm_90a kernels here: " + why);
   }
+  // The constants of the binary the kernels come from: each arch's configs
+  // (and tiles) are its own.
+  const AttentionLaunches launches = bundle.attentionLaunches(spec, plan.arch);
   const bool useSm90 = choice != AttentionKernelChoice::Portable;
-  plan.forward = useSm90 && sm90Forward ? AttentionPassKernels{*spec.forwardSm90, true}
-                                        : AttentionPassKernels{spec.forward, false};
-  plan.backward = useSm90 && sm90Backward ? AttentionPassKernels{*spec.backwardSm90, true}
-                                          : AttentionPassKernels{spec.backward, false};
+  plan.forward = useSm90 && sm90Forward ? AttentionPassKernels{*launches.forwardSm90, true}
+                                        : AttentionPassKernels{launches.forward, false};
+  plan.backward = useSm90 && sm90Backward ? AttentionPassKernels{*launches.backwardSm90, true}
+                                          : AttentionPassKernels{launches.backward, false};
   return plan;
 }
 

@@ -52,22 +52,24 @@ std::unique_ptr<LoadedAttention> loadAttention(const KernelBundle &bundle,
   const CudaDriverApi &api = driver.api();
   const CudaDeviceInfo device = queryDevice(driver, ordinal);
   const KernelImage image = bundle.kernelImage(spec, plan.arch);
+  const AttentionLaunches constants = bundle.attentionLaunches(spec, plan.arch);
 
-  // Threads and dynamic shared memory of each role, from the manifest.
+  // Threads and dynamic shared memory of each role, from the binary's
+  // launch constants.
   struct Launch {
     const char *role;
     const std::optional<AttentionLaunch> launch;
     bool rowKernel; // preprocess and dQ conversion: row_kernel_threads, no shared memory
   };
   const Launch launches[] = {
-      {"attention_forward", spec.forward, false},
-      {"attention_backward_preprocess", spec.backward, true},
-      {"attention_backward", spec.backward, false},
-      {"attention_backward_grad_q", spec.backward, true},
-      {"attention_forward_sm90", spec.forwardSm90, false},
-      {"attention_backward_preprocess_sm90", spec.backwardSm90, true},
-      {"attention_backward_sm90", spec.backwardSm90, false},
-      {"attention_backward_grad_q_sm90", spec.backwardSm90, true},
+      {"attention_forward", constants.forward, false},
+      {"attention_backward_preprocess", constants.backward, true},
+      {"attention_backward", constants.backward, false},
+      {"attention_backward_grad_q", constants.backward, true},
+      {"attention_forward_sm90", constants.forwardSm90, false},
+      {"attention_backward_preprocess_sm90", constants.backwardSm90, true},
+      {"attention_backward_sm90", constants.backwardSm90, false},
+      {"attention_backward_grad_q_sm90", constants.backwardSm90, true},
   };
   for (const Launch &entry : launches)
     if (entry.launch && image.loweredNames.count(entry.role) && !entry.rowKernel &&
@@ -93,7 +95,7 @@ std::unique_ptr<LoadedAttention> loadAttention(const KernelBundle &bundle,
                  "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
     if (maxThreads < threads)
       throw CudaError(image.label + ": kernel " + entry.role + " takes at most " +
-                      std::to_string(maxThreads) + " threads per block, the manifest says " +
+                      std::to_string(maxThreads) + " threads per block, its launch constants say " +
                       std::to_string(threads));
     if (sharedBytes > 0)
       driver.check(api.cuFuncSetAttribute(function,

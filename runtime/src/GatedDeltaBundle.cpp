@@ -72,14 +72,14 @@ void parseAttributes(const JsonObject &attributes, GatedDeltaKernelSpec &spec) {
     attributes.fail("scale", "must be positive and finite");
 }
 
-void parseLaunch(const JsonObject &constants, GatedDeltaKernelSpec &spec) {
+GatedDeltaLaunch parseLaunch(const JsonObject &constants, const GatedDeltaKernelSpec &spec) {
   auto constant = [&](const std::string &key) {
     const int64_t value = constants.integer(key);
     if (value <= 0 || value > (int64_t(1) << 24))
       constants.fail(key, "must be a positive launch constant, got " + std::to_string(value));
     return value;
   };
-  GatedDeltaLaunch &launch = spec.launch;
+  GatedDeltaLaunch launch;
   launch.threads = constant("threads");
   launch.chunkBackwardThreads = constant("chunk_backward_threads");
   launch.chunkTableThreads = constant("chunk_table_threads");
@@ -94,13 +94,13 @@ void parseLaunch(const JsonObject &constants, GatedDeltaKernelSpec &spec) {
                              "backward_state", "backward_chunk"})
     launch.sharedBytes[std::string("gated_delta_") + kernel] =
         constant(std::string(kernel) + "_shared_bytes");
+  return launch;
 }
 
 GatedDeltaKernelSpec parseModule(const JsonObject &module) {
   GatedDeltaKernelSpec spec;
   spec.name = module.string("name");
   parseAttributes(module.object("spec"), spec);
-  parseLaunch(module.object("launch").object("dflex_gated_delta_launch"), spec);
 
   const JsonValue::Array &kernels = arrayMember(module, "kernels");
   for (size_t i = 0; i < kernels.size(); ++i) {
@@ -123,6 +123,11 @@ GatedDeltaKernelSpec parseModule(const JsonObject &module) {
   }
 
   spec.binaries = detail::parseBundleBinaries(module, spec.kernels);
+  // Each binary's launch constants, read from its own PTX.
+  JsonObject binaries = module.object("binaries");
+  for (const auto &[arch, binary] : spec.binaries)
+    spec.launches[arch] = parseLaunch(
+        binaries.object(arch).object("launch").object("dflex_gated_delta_launch"), spec);
   spec.sourceFile = module.string("source_file");
   spec.sourceSha256 = module.string("source_sha256");
   return spec;
@@ -192,6 +197,7 @@ KernelImage GatedDeltaBundle::kernelImage(const GatedDeltaKernelSpec &spec,
       continue;
     KernelImage image;
     image.image = files_->readVerified(found->second.cubinFile, found->second.cubinSha256);
+    image.arch = candidate;
     image.label = files_->path(found->second.cubinFile);
     for (const BundleKernel &kernel : spec.kernels)
       image.loweredNames[kernel.role] = kernel.loweredNames.at(candidate);

@@ -37,17 +37,18 @@ const char *const kBackwardChunk = "gated_delta_backward_chunk";
 const char *const kBackwardFinalize = "gated_delta_backward_finalize";
 const char *const kBackwardGateParams = "gated_delta_backward_gate_params";
 
-/// The kernels of one spec, loaded on one device, by role.
+/// The kernels of one spec, loaded on one device, by role, with the launch
+/// constants of the binary they come from.
 struct LoadedGatedDelta {
   std::unique_ptr<CudaModule> module;
   std::map<std::string, CUfunction> functions;
+  GatedDeltaLaunch launch;
 
   CUfunction operator[](const char *role) const { return functions.at(role); }
 };
 
-/// Threads per block of each role (the manifest's launch constants).
-int64_t threadsOf(const GatedDeltaKernelSpec &spec, const std::string &role) {
-  const GatedDeltaLaunch &launch = spec.launch;
+/// Threads per block of each role.
+int64_t threadsOf(const GatedDeltaLaunch &launch, const std::string &role) {
   if (role == kChunkTable)
     return launch.chunkTableThreads;
   if (role == kBackwardChunk)
@@ -63,22 +64,24 @@ std::unique_ptr<LoadedGatedDelta> loadGatedDelta(const GatedDeltaBundle &bundle,
   const CudaDriverApi &api = driver.api();
   const CudaDeviceInfo device = queryDevice(driver, ordinal);
   const std::string arch = "sm_" + std::to_string(device.computeMajor * 10 + device.computeMinor);
+  const KernelImage image = bundle.kernelImage(spec, arch);
+  auto loaded = std::make_unique<LoadedGatedDelta>();
+  loaded->launch = spec.launches.at(image.arch);
+  const GatedDeltaLaunch &launch = loaded->launch;
   // max_chunks and the workspace sizes come from this runtime's params.cuh.
-  if (spec.launch.chunk != kernels::kGatedDeltaChunk)
-    throw FormatError(where(spec) + ": the bundle's kernels use chunks of " +
-                      std::to_string(spec.launch.chunk) + " tokens, this runtime " +
+  if (launch.chunk != kernels::kGatedDeltaChunk)
+    throw FormatError(where(spec) + ": the bundle's " + image.arch + " kernels use chunks of " +
+                      std::to_string(launch.chunk) + " tokens, this runtime " +
                       std::to_string(kernels::kGatedDeltaChunk) +
                       "; rebuild the bundle with this version's dflex-compile");
   int64_t shared = 0;
-  for (const auto &[role, bytes] : spec.launch.sharedBytes)
+  for (const auto &[role, bytes] : launch.sharedBytes)
     shared = std::max(shared, bytes);
   if (shared > device.maxSharedMemoryPerBlockOptin)
     throw CudaError(where(spec) + " needs " + std::to_string(shared) + " B of shared memory per block; " +
                     device.name + " (" + arch + ") allows " +
                     std::to_string(device.maxSharedMemoryPerBlockOptin));
 
-  const KernelImage image = bundle.kernelImage(spec, arch);
-  auto loaded = std::make_unique<LoadedGatedDelta>();
   loaded->module = std::make_unique<CudaModule>(driver, ordinal, image.image, image.label);
   CudaPrimaryContextGuard context(driver, ordinal);
   for (const BundleKernel &kernel : spec.kernels) {
@@ -86,13 +89,13 @@ std::unique_ptr<LoadedGatedDelta> loadGatedDelta(const GatedDeltaBundle &bundle,
     int maxThreads = 0;
     driver.check(api.cuFuncGetAttribute(&maxThreads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
                  "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
-    const int64_t threads = threadsOf(spec, kernel.role);
+    const int64_t threads = threadsOf(launch, kernel.role);
     if (maxThreads < threads)
       throw CudaError(image.label + ": kernel " + kernel.role + " takes at most " +
-                      std::to_string(maxThreads) + " threads per block, the manifest says " +
+                      std::to_string(maxThreads) + " threads per block, its launch constants say " +
                       std::to_string(threads));
     // Set once per kernel, as the harness's Launcher::configure does.
-    if (auto bytes = spec.launch.sharedBytes.find(kernel.role); bytes != spec.launch.sharedBytes.end())
+    if (auto bytes = launch.sharedBytes.find(kernel.role); bytes != launch.sharedBytes.end())
       driver.check(api.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                           static_cast<int>(bytes->second)),
                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
@@ -288,9 +291,9 @@ class Launches {
 public:
   Launches(const LoadedGatedDelta &loaded, const GatedDeltaKernelSpec &spec,
            const kernels::GatedDeltaParams &params, CUstream stream)
-      : loaded_(loaded), launch_(spec.launch), params_(params), stream_(stream),
+      : loaded_(loaded), launch_(loaded.launch), params_(params), stream_(stream),
         perChunk_{static_cast<unsigned>(params.max_chunks), static_cast<unsigned>(params.value_heads), 1},
-        perValueBlock_{static_cast<unsigned>(spec.valueDim / spec.launch.valueBlock),
+        perValueBlock_{static_cast<unsigned>(spec.valueDim / loaded.launch.valueBlock),
                        static_cast<unsigned>(params.value_heads), static_cast<unsigned>(params.num_sequences)} {}
 
   const LaunchExtent &perChunk() const { return perChunk_; }
@@ -318,9 +321,9 @@ private:
 void launchForward(const LoadedGatedDelta &loaded, const GatedDeltaKernelSpec &spec,
                    const kernels::GatedDeltaParams &params, CUstream stream) {
   Launches launch(loaded, spec, params, stream);
-  const int64_t threads = spec.launch.threads;
+  const int64_t threads = loaded.launch.threads;
   if (spec.varlen)
-    launch(kChunkTable, {1, 1, 1}, spec.launch.chunkTableThreads);
+    launch(kChunkTable, {1, 1, 1}, loaded.launch.chunkTableThreads);
   launch(kForwardPrepare, launch.perChunk(), threads);
   launch(kForwardState, launch.perValueBlock(), threads);
   launch(kForwardOutput, launch.perChunk(), threads);
@@ -331,10 +334,10 @@ void launchForward(const LoadedGatedDelta &loaded, const GatedDeltaKernelSpec &s
 void launchBackward(const LoadedGatedDelta &loaded, const GatedDeltaKernelSpec &spec,
                     const kernels::GatedDeltaParams &params, CUstream stream) {
   Launches launch(loaded, spec, params, stream);
-  const int64_t threads = spec.launch.threads, finalizeThreads = spec.launch.finalizeThreads;
+  const int64_t threads = loaded.launch.threads, finalizeThreads = loaded.launch.finalizeThreads;
   launch(kBackwardPrepare, launch.perChunk(), threads);
   launch(kBackwardState, launch.perValueBlock(), threads);
-  launch(kBackwardChunk, launch.perChunk(), spec.launch.chunkBackwardThreads);
+  launch(kBackwardChunk, launch.perChunk(), loaded.launch.chunkBackwardThreads);
   if (params.value_heads != params.key_heads) {
     // One warp per (token, key head) row.
     const int64_t rows = static_cast<int64_t>(params.total_tokens) * params.key_heads;

@@ -6,6 +6,8 @@
 #include "dflex/Codegen/Attention.h"
 #include "dflex/Codegen/KernelSources.h"
 #include "dflex/Compile/CachedCompile.h"
+#include "dflex/Compile/Nvrtc.h"
+#include "dflex/Compile/PtxConstants.h"
 #include "dflex/Expr/ProgramJson.h"
 #include "dflex/Support/File.h"
 #include "dflex/Support/Sha256.h"
@@ -21,8 +23,6 @@ namespace dflex::runtime {
 namespace {
 
 using detail::JsonObject;
-
-constexpr int64_t kBundleFormatVersion = 1;
 
 const JsonValue::Array &arrayMember(const JsonObject &object, const char *key) {
   const JsonValue *member = nullptr;
@@ -55,6 +55,49 @@ AttentionLaunch parseLaunch(const JsonObject &launch, const char *symbol, bool b
   if (backward)
     positive("row_kernel_threads", result.rowKernelThreads);
   return result;
+}
+
+/// The launch constants of one arch's binary of `spec` (`launch`: symbol ->
+/// name -> value): the portable kernels', and the Hopper kernels' exactly
+/// where that arch's binary has them.
+AttentionLaunches parseLaunches(const JsonObject &launch, const AttentionKernelSpec &spec,
+                                const std::string &arch) {
+  AttentionLaunches result;
+  result.forward = parseLaunch(launch, "dflex_forward_launch", false);
+  result.backward = parseLaunch(launch, "dflex_backward_launch", true);
+  auto hopper = [&](const char *role, const char *symbol,
+                    bool backward) -> std::optional<AttentionLaunch> {
+    if (spec.hasKernel(role, arch))
+      return parseLaunch(launch, symbol, backward);
+    if (launch.has(symbol))
+      launch.fail(symbol, "the " + arch + " binary has no kernel '" + role +
+                              "', yet has its launch constants");
+    return std::nullopt;
+  };
+  result.forwardSm90 = hopper("attention_forward_sm90", "dflex_forward_sm90_launch", false);
+  result.backwardSm90 = hopper("attention_backward_sm90", "dflex_backward_sm90_launch", true);
+  return result;
+}
+
+/// The launch constants `spec`'s kernels for `arch` need, read from the PTX
+/// of a compile for `arch` and checked as the manifest's are.
+AttentionLaunches launchesFromPtx(const AttentionKernelSpec &spec, const std::string &arch,
+                                  const std::string &ptx, const std::string &label) {
+  JsonValue launch = JsonValue::object();
+  auto read = [&](const char *symbol, const auto &names) {
+    Result<std::vector<int64_t>> values = compile::readPtxIntArray(ptx, symbol, names.size());
+    if (!values.ok())
+      throw FormatError(label + ": " + values.error());
+    for (size_t i = 0; i < names.size(); ++i)
+      launch[symbol][names[i]] = values.value()[i];
+  };
+  read("dflex_forward_launch", codegen::kForwardLaunchNames);
+  read("dflex_backward_launch", codegen::kBackwardLaunchNames);
+  if (spec.hasKernel("attention_forward_sm90", arch))
+    read("dflex_forward_sm90_launch", codegen::kForwardLaunchNames);
+  if (spec.hasKernel("attention_backward_sm90", arch))
+    read("dflex_backward_sm90_launch", codegen::kBackwardLaunchNames);
+  return parseLaunches(JsonObject(launch, label + ": launch constants"), spec, arch);
 }
 
 expr::Program parseProgram(const JsonObject &module, const std::string &name, const char *kind) {
@@ -142,33 +185,25 @@ AttentionKernelSpec parseAttention(const JsonObject &module) {
                                         kernel.requiredTarget + "'");
     spec.kernels.push_back(std::move(kernel));
   }
-  auto hasRole = [&](const std::string &role) {
-    for (const BundleKernel &kernel : spec.kernels)
-      if (kernel.role == role)
-        return true;
-    return false;
-  };
   auto requireRoles = [&](std::initializer_list<const char *> roles) {
     for (const char *role : roles)
-      if (!hasRole(role))
+      if (!spec.hasRole(role))
         module.fail("kernels", std::string("no kernel with role '") + role + "'");
   };
   requireRoles({"attention_forward", "attention_backward_preprocess", "attention_backward",
                 "attention_backward_grad_q"});
-  JsonObject launch = module.object("launch");
-  spec.forward = parseLaunch(launch, "dflex_forward_launch", false);
-  spec.backward = parseLaunch(launch, "dflex_backward_launch", true);
-  // Each pass's Hopper kernels come as a set, with their own launch constants.
-  if (hasRole("attention_forward_sm90"))
-    spec.forwardSm90 = parseLaunch(launch, "dflex_forward_sm90_launch", false);
-  if (hasRole("attention_backward_sm90") || hasRole("attention_backward_preprocess_sm90") ||
-      hasRole("attention_backward_grad_q_sm90")) {
+  // The Hopper backward's kernels come as a set, with the Hopper forward.
+  if (spec.hasRole("attention_backward_sm90") ||
+      spec.hasRole("attention_backward_preprocess_sm90") ||
+      spec.hasRole("attention_backward_grad_q_sm90"))
     requireRoles({"attention_forward_sm90", "attention_backward_preprocess_sm90",
                   "attention_backward_sm90", "attention_backward_grad_q_sm90"});
-    spec.backwardSm90 = parseLaunch(launch, "dflex_backward_sm90_launch", true);
-  }
 
   spec.binaries = detail::parseBundleBinaries(module, spec.kernels);
+  // Each binary's launch constants, read from its own PTX.
+  JsonObject binaries = module.object("binaries");
+  for (const auto &[arch, binary] : spec.binaries)
+    spec.launches[arch] = parseLaunches(binaries.object(arch).object("launch"), spec, arch);
   spec.sourceFile = module.string("source_file");
   spec.sourceSha256 = module.string("source_sha256");
   return spec;
@@ -188,6 +223,24 @@ const BundleKernel &AttentionKernelSpec::kernel(const std::string &role) const {
     if (kernel.role == role)
       return kernel;
   throw FormatError("attention spec '" + name + "' has no kernel with role '" + role + "'");
+}
+
+bool AttentionLaunch::operator==(const AttentionLaunch &other) const {
+  return threads == other.threads && sharedBytes == other.sharedBytes &&
+         blockM == other.blockM && blockN == other.blockN &&
+         rowKernelThreads == other.rowKernelThreads;
+}
+
+bool AttentionLaunches::operator==(const AttentionLaunches &other) const {
+  return forward == other.forward && backward == other.backward &&
+         forwardSm90 == other.forwardSm90 && backwardSm90 == other.backwardSm90;
+}
+
+bool AttentionKernelSpec::hasRole(const std::string &role) const {
+  for (const BundleKernel &kernel : kernels)
+    if (kernel.role == role)
+      return true;
+  return false;
 }
 
 bool AttentionKernelSpec::hasKernel(const std::string &role, const std::string &arch) const {
@@ -233,10 +286,11 @@ std::shared_ptr<const KernelBundle> KernelBundle::open(const std::string &direct
   JsonObject root(manifest, manifestPath);
 
   const int64_t format = root.integer("format_version");
-  if (format != kBundleFormatVersion)
+  if (format != codegen::kBundleFormatVersion)
     root.fail("format_version", "this runtime reads version " +
-                                    std::to_string(kBundleFormatVersion) + ", got " +
-                                    std::to_string(format));
+                                    std::to_string(codegen::kBundleFormatVersion) + ", got " +
+                                    std::to_string(format) +
+                                    "; rebuild the bundle with this version's dflex-compile");
   // The runtime passes kernel parameters as the structs of its own copy of
   // the kernel templates: both sides must be the same templates.
   const std::string &templates = root.string("template_version");
@@ -304,37 +358,55 @@ KernelImage KernelBundle::kernelImage(const AttentionKernelSpec &spec,
       found != spec.binaries.end() && !found->second.cubinFile.empty()) {
     KernelImage image;
     image.image = readVerified(found->second.cubinFile, found->second.cubinSha256);
+    image.arch = arch;
     image.label = path(found->second.cubinFile);
     for (const BundleKernel &kernel : spec.kernels)
       if (auto lowered = kernel.loweredNames.find(arch); lowered != kernel.loweredNames.end())
         image.loweredNames[kernel.role] = lowered->second;
     return image;
   }
+  const CompiledAttention &compiled = compiledAttention(spec, arch);
+  // The kernels are launched with the manifest's constants for `arch` where
+  // it has them: they must be the compiled ones.
+  if (auto listed = spec.launches.find(arch);
+      listed != spec.launches.end() && listed->second != compiled.launches)
+    throw FormatError(compiled.image.label + ": its launch constants differ from those of " +
+                      path("manifest.json") + " for " + arch + " (module '" + spec.name +
+                      "': binaries: " + arch + ": launch); rebuild the bundle");
+  return compiled.image;
+}
 
+AttentionLaunches KernelBundle::attentionLaunches(const AttentionKernelSpec &spec,
+                                                  const std::string &arch) const {
+  if (auto listed = spec.launches.find(arch); listed != spec.launches.end())
+    return listed->second;
+  return compiledAttention(spec, arch).launches;
+}
+
+const KernelBundle::CompiledAttention &
+KernelBundle::compiledAttention(const AttentionKernelSpec &spec, const std::string &arch) const {
   // The request dflex-compile makes for the arch, so that both share cache
   // entries.
   compile::CompileRequest request;
-  request.source = readVerified(spec.sourceFile, spec.sourceSha256);
   request.programName = spec.name + ".cu";
   request.archs = {arch};
   request.options = {"-std=c++17"};
-  for (const codegen::EmbeddedHeader &header : codegen::kernelHeaders())
-    request.headers.push_back({header.name, header.contents});
   std::vector<const BundleKernel *> built;
+  std::string key = spec.sourceSha256 + "\n" + arch;
   for (const BundleKernel &kernel : spec.kernels)
     if (codegen::buildsFor(kernel.requiredTarget, arch)) {
       request.nameExpressions.push_back(kernel.nameExpression);
       built.push_back(&kernel);
+      key += "\n" + kernel.nameExpression;
     }
-  auto sharedBytes = [&](const char *role, const std::optional<AttentionLaunch> &launch) {
-    if (launch && spec.hasKernel(role, arch))
-      request.dynamicSharedBytes[spec.kernel(role).nameExpression] =
-          static_cast<uint64_t>(launch->sharedBytes);
-  };
-  sharedBytes("attention_forward", spec.forward);
-  sharedBytes("attention_backward", spec.backward);
-  sharedBytes("attention_forward_sm90", spec.forwardSm90);
-  sharedBytes("attention_backward_sm90", spec.backwardSm90);
+  std::lock_guard<std::mutex> lock(compileMutex_);
+  std::unique_ptr<const CompiledAttention> &slot = compiled_[key];
+  if (slot)
+    return *slot;
+
+  request.source = readVerified(spec.sourceFile, spec.sourceSha256);
+  for (const codegen::EmbeddedHeader &header : codegen::kernelHeaders())
+    request.headers.push_back({header.name, header.contents});
   cache::CacheConfig config;
   config.warningSink = cache::stderrWarningSink();
   cache::KernelCache kernelCache(config);
@@ -344,12 +416,13 @@ KernelImage KernelBundle::kernelImage(const AttentionKernelSpec &spec,
     throw FormatError("kernel bundle " + directory_ + ": spec '" + spec.name +
                       "' has no binary for " + arch + " and compiling its source " +
                       spec.sourceFile + " failed: " + binaries.error());
-  const compile::ArchBinary &binary = binaries.value().front();
-  KernelImage image;
-  image.image = binary.cubin;
+  compile::ArchBinary &binary = binaries.value().front();
+  auto compiled = std::make_unique<CompiledAttention>();
+  KernelImage &image = compiled->image;
+  image.arch = arch;
   image.label = path(spec.sourceFile) + " (compiled for " + arch + ")";
   image.compiled = true;
-  if (image.image.empty())
+  if (binary.cubin.empty())
     throw FormatError(image.label + ": NVRTC gave no cubin for " + arch);
   for (const BundleKernel *kernel : built) {
     std::string lowered = binary.loweredName(kernel->nameExpression);
@@ -358,7 +431,23 @@ KernelImage KernelBundle::kernelImage(const AttentionKernelSpec &spec,
                         kernel->nameExpression);
     image.loweredNames[kernel->role] = lowered;
   }
-  return image;
+  compiled->launches = launchesFromPtx(spec, arch, binary.ptx, image.label);
+  // What dflex-compile checks for its binaries: static plus dynamic shared
+  // memory within the arch's limit.
+  auto sharedBytes = [&](const char *role, const std::optional<AttentionLaunch> &launch) {
+    if (launch && spec.hasKernel(role, arch))
+      request.dynamicSharedBytes[spec.kernel(role).nameExpression] =
+          static_cast<uint64_t>(launch->sharedBytes);
+  };
+  sharedBytes("attention_forward", compiled->launches.forward);
+  sharedBytes("attention_backward", compiled->launches.backward);
+  sharedBytes("attention_forward_sm90", compiled->launches.forwardSm90);
+  sharedBytes("attention_backward_sm90", compiled->launches.backwardSm90);
+  if (Status status = compile::checkSharedMemory(request, binary); !status.ok())
+    throw FormatError(image.label + ": " + status.message());
+  image.image = std::move(binary.cubin);
+  slot = std::move(compiled);
+  return *slot;
 }
 
 const AttentionKernelSpec &KernelBundle::attention(const std::string &name) const {

@@ -7,6 +7,10 @@ usage: dflex_compile_bundles.py DFLEX_COMPILE EXAMPLES_DIR
   cubins for both; each arch's binary has exactly its kernels: the portable ones
   everywhere, the Hopper (wgmma) ones only in sm_90a (a forward for head_dim 64 and 128,
   a backward for 128), with their launch constants;
+- each binary carries the launch constants of its own PTX: the portable kernels' are
+  the default configs of that arch's compute capability (sm_120's own, within its
+  101,376 B of shared memory per block; sm_90a's those of sm_90), the Hopper kernels'
+  only where they are;
 - without sm_90a (sm_90 + sm_120) the bundle has no Hopper kernels or constants; a
   compute_90a (PTX only) target has them;
 - a second compile is all cache hits, at least 10x faster, and byte-identical;
@@ -49,6 +53,21 @@ SM90_FORWARD_LAUNCH = {64: {"threads": 384, "shared_bytes": 83016, "block_m": 12
                        128: {"threads": 384, "shared_bytes": 164936, "block_m": 128, "block_n": 128}}
 SM90_BACKWARD_LAUNCH = {128: {"threads": 384, "shared_bytes": 231464, "block_m": 64, "block_n": 128,
                               "row_kernel_threads": 256}}
+# The portable kernels' launch constants per head dim and compute capability
+# (DefaultAttentionConfigs, kernels/attention/config.cuh): sm_120 forwards keep 16
+# query rows per warp, sm_90 ones 32 where registers allow; one backward for both.
+SM120_SHARED_BYTES_PER_BLOCK = 101376
+PORTABLE_FORWARD_LAUNCH = {
+    (64, 90): {"threads": 128, "shared_bytes": 32768, "block_m": 128, "block_n": 64},
+    (64, 120): {"threads": 128, "shared_bytes": 24576, "block_m": 64, "block_n": 64},
+    (128, 90): {"threads": 128, "shared_bytes": 65536, "block_m": 128, "block_n": 64},
+    (128, 120): {"threads": 128, "shared_bytes": 49152, "block_m": 64, "block_n": 64},
+    (256, 90): {"threads": 128, "shared_bytes": 98304, "block_m": 64, "block_n": 64},
+    (256, 120): {"threads": 128, "shared_bytes": 65536, "block_m": 64, "block_n": 32}}
+PORTABLE_BACKWARD_LAUNCH = {
+    64: {"threads": 128, "shared_bytes": 49664, "block_m": 64, "block_n": 64, "row_kernel_threads": 256},
+    128: {"threads": 256, "shared_bytes": 82432, "block_m": 64, "block_n": 64, "row_kernel_threads": 256},
+    256: {"threads": 128, "shared_bytes": 69888, "block_m": 32, "block_n": 32, "row_kernel_threads": 256}}
 
 
 def compile_bundle(tool, source, out, cache, archs=()):
@@ -82,10 +101,39 @@ def expected_roles(arch, head_dim):
             | (SM90_BACKWARD_ROLES if head_dim == 128 else set()))
 
 
+def compute_capability(arch):
+    """90 for sm_90, sm_90a and compute_90a; 120 for sm_120."""
+    return int(arch.split("_")[1].rstrip("a"))
+
+
+def check_launch(launch, arch, roles, head_dim, label):
+    """The launch constants of one attention binary: its own arch's configs."""
+    forward, backward = launch.get("dflex_forward_launch"), launch.get("dflex_backward_launch")
+    expected_forward = PORTABLE_FORWARD_LAUNCH[(head_dim, compute_capability(arch))]
+    check(forward == expected_forward, f"{label}: {arch} forward {forward}, expected {expected_forward}")
+    check(backward == PORTABLE_BACKWARD_LAUNCH[head_dim],
+          f"{label}: {arch} backward {backward}, expected {PORTABLE_BACKWARD_LAUNCH[head_dim]}")
+    if compute_capability(arch) >= 120:
+        for pass_launch in (forward, backward):
+            check(pass_launch is not None and pass_launch["shared_bytes"] <= SM120_SHARED_BYTES_PER_BLOCK,
+                  f"{label}: {arch} launch {pass_launch} exceeds sm_120's shared memory")
+    for symbol, role_set, expected in (
+            ("dflex_forward_sm90_launch", SM90_FORWARD_ROLES, SM90_FORWARD_LAUNCH),
+            ("dflex_backward_sm90_launch", SM90_BACKWARD_ROLES, SM90_BACKWARD_LAUNCH)):
+        if role_set <= roles:
+            check(launch.get(symbol) == expected.get(head_dim),
+                  f"{label}: {arch} {symbol} {launch.get(symbol)}, expected {expected.get(head_dim)}")
+        else:
+            check(symbol not in launch and not role_set & roles,
+                  f"{label}: {arch} has {symbol} or its kernels without the whole set")
+
+
 def check_bundle(directory, label, archs=DEFAULT_ARCHS):
     manifest = json.loads(open(os.path.join(directory, "manifest.json")).read())
     check(manifest["archs"] == archs, f"{label}: archs {manifest['archs']}")
+    check(manifest["format_version"] == 2, f"{label}: format_version {manifest['format_version']}")
     for module in manifest["modules"]:
+        check("launch" not in module, f"{label}: {module['name']} has module-wide launch constants")
         for arch in archs:
             binary = module["binaries"].get(arch)
             check(binary is not None, f"{label}: no {arch} binary for {module['name']}")
@@ -99,6 +147,8 @@ def check_bundle(directory, label, archs=DEFAULT_ARCHS):
                 check(hashlib.sha256(cubin).hexdigest() == binary["cubin_sha256"],
                       f"{label}: {arch} cubin digest")
             if module["kind"] != "attention":
+                check("dflex_gated_delta_launch" in binary.get("launch", {}),
+                      f"{label}: {arch} binary of {module['name']} has no launch constants")
                 continue
             # Exactly the kernels this arch builds, each with its lowered name.
             head_dim = module["spec"]["qk_head_dim"]
@@ -108,6 +158,7 @@ def check_bundle(directory, label, archs=DEFAULT_ARCHS):
                   f"{sorted(expected_roles(arch, head_dim))}")
             check(("wgmma.mma_async" in ptx) == bool(roles & SM90_FORWARD_ROLES),
                   f"{label}: {arch} PTX and its wgmma kernels disagree")
+            check_launch(binary.get("launch", {}), arch, roles, head_dim, f"{label}: {module['name']}")
         for kernel in module["kernels"]:
             hopper = kernel["role"].endswith("_sm90")
             check(kernel.get("required_target") == ("sm_90a" if hopper else None),
@@ -118,20 +169,6 @@ def check_bundle(directory, label, archs=DEFAULT_ARCHS):
             for arch, entry in kernel["archs"].items():
                 check(entry["lowered_name"].startswith("_Z"),
                       f"{label}: {kernel['role']} has no lowered name on {arch}")
-        if module["kind"] != "attention":
-            continue
-        head_dim = module["spec"]["qk_head_dim"]
-        roles = {k["role"] for k in module["kernels"]}
-        launch = module["launch"]
-        for symbol, role_set, expected in (
-                ("dflex_forward_sm90_launch", SM90_FORWARD_ROLES, SM90_FORWARD_LAUNCH),
-                ("dflex_backward_sm90_launch", SM90_BACKWARD_ROLES, SM90_BACKWARD_LAUNCH)):
-            if role_set <= roles:
-                check(launch.get(symbol) == expected.get(head_dim),
-                      f"{label}: {symbol} {launch.get(symbol)}, expected {expected.get(head_dim)}")
-            else:
-                check(symbol not in launch and not role_set & roles,
-                      f"{label}: {symbol} or its kernels without the whole set")
     return manifest
 
 

@@ -7,53 +7,13 @@
 #include "dflex/Support/Sha256.h"
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <regex>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
 
 namespace dflex::tools {
-
-constexpr int kBundleFormatVersion = 1;
-
-Result<std::vector<int64_t>> readPtxIntArray(const std::string &ptx,
-                                             const std::string &symbol,
-                                             size_t count) {
-  // e.g. ".visible .global .align 4 .b8 name[16] = {128, 0, 0, 0, ...};"
-  //   or ".visible .const .align 4 .u32 name[4] = {128, 65536, 128, 64};"
-  std::regex pattern("\\.(b8|u32|s32|b32) " + symbol + "\\[(\\d+)\\] = \\{([^}]*)\\}");
-  std::smatch match;
-  if (!std::regex_search(ptx, match, pattern))
-    return Status::failure("launch constants '" + symbol + "' not found in the PTX");
-  std::vector<int64_t> raw;
-  std::string list = match[3];
-  for (size_t start = 0; start < list.size();) {
-    size_t end = list.find(',', start);
-    if (end == std::string::npos)
-      end = list.size();
-    raw.push_back(std::strtoll(list.c_str() + start, nullptr, 10));
-    start = end + 1;
-  }
-  std::vector<int64_t> values;
-  // PTX leaves trailing zeros out of initializers.
-  if (match[1] == "b8") { // little-endian bytes of 32-bit ints
-    if (raw.size() > 4 * count || std::strtoul(match[2].str().c_str(), nullptr, 10) != 4 * count)
-      return Status::failure("launch constants '" + symbol + "' have the wrong size");
-    raw.resize(4 * count, 0);
-    for (size_t i = 0; i < count; ++i)
-      values.push_back(static_cast<int32_t>(raw[4 * i] | raw[4 * i + 1] << 8 |
-                                            raw[4 * i + 2] << 16 | raw[4 * i + 3] << 24));
-  } else {
-    if (raw.size() > count || std::strtoul(match[2].str().c_str(), nullptr, 10) != count)
-      return Status::failure("launch constants '" + symbol + "' have the wrong size");
-    raw.resize(count, 0);
-    values = raw;
-  }
-  return values;
-}
 
 namespace {
 
@@ -102,7 +62,7 @@ Status writeBundle(const std::string &directory, const std::string &sourcePath,
     return status;
 
   JsonValue manifest = JsonValue::object();
-  manifest["format_version"] = kBundleFormatVersion;
+  manifest["format_version"] = codegen::kBundleFormatVersion;
   manifest["template_version"] = codegen::kTemplateVersion;
   manifest["source"] = fs::path(sourcePath).filename().string();
   manifest["source_sha256"] = Sha256::hexDigest(sourceText);
@@ -128,14 +88,6 @@ Status writeBundle(const std::string &directory, const std::string &sourcePath,
     for (const JsonValue &program : module.programs)
       programs.push(program);
     m["programs"] = std::move(programs);
-    JsonValue launch = JsonValue::object();
-    for (const auto &[symbol, values] : module.launch) {
-      JsonValue entry = JsonValue::object();
-      for (const auto &[name, value] : values)
-        entry[name] = value;
-      launch[symbol] = std::move(entry);
-    }
-    m["launch"] = std::move(launch);
     status = write(staging / (base + ".cu"), module.generated.source);
     if (!status.ok())
       break;
@@ -179,6 +131,14 @@ Status writeBundle(const std::string &directory, const std::string &sourcePath,
         b["cubin_sha256"] = Sha256::hexDigest(binary.cubin);
       }
       b["cache_key"] = module.cacheKeys[i];
+      JsonValue launch = JsonValue::object();
+      for (const auto &[symbol, values] : module.launch[i]) {
+        JsonValue entry = JsonValue::object();
+        for (const auto &[name, value] : values)
+          entry[name] = value;
+        launch[symbol] = std::move(entry);
+      }
+      b["launch"] = std::move(launch);
       binaries[binary.arch] = std::move(b);
       if (!status.ok())
         break;

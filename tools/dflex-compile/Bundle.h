@@ -21,14 +21,11 @@ struct CompiledModule {
   std::vector<JsonValue> programs;     // the portable bodies it uses
   std::vector<compile::ArchBinary> binaries;
   std::vector<std::string> cacheKeys;  // per binary
-  std::map<std::string, std::map<std::string, int64_t>> launch; // symbol -> name -> value
+  /// Per binary, its launch constants read from its own PTX: the constants
+  /// follow the configs each arch is compiled with.
+  using LaunchValues = std::map<std::string, std::map<std::string, int64_t>>; // symbol -> name -> value
+  std::vector<LaunchValues> launch;
 };
-
-/// Reads the `extern "C" __device__ const int NAME[N]` arrays of `names` from
-/// PTX text.
-Result<std::vector<int64_t>> readPtxIntArray(const std::string &ptx,
-                                             const std::string &symbol,
-                                             size_t count);
 
 /// Writes the bundle directory atomically: everything goes to a fresh
 /// sibling directory first, which then replaces `directory` by rename.

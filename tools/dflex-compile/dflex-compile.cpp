@@ -19,6 +19,7 @@
 #include "dflex/Codegen/KernelSources.h"
 #include "dflex/Compile/CachedCompile.h"
 #include "dflex/Compile/GpuArch.h"
+#include "dflex/Compile/PtxConstants.h"
 #include "dflex/Expr/ProgramJson.h"
 #include "dflex/Interpreter/Lowering.h"
 #include "dflex/Parse/InputLimits.h"
@@ -201,8 +202,9 @@ compile::CompileRequest archRequest(const codegen::GeneratedModule &generated,
   return request;
 }
 
-/// Compiles a module for every arch through the cache; reads the launch
-/// constants back and checks shared memory against each arch's limit.
+/// Compiles a module for every arch through the cache; reads each binary's
+/// launch constants back from its PTX and checks its shared memory against
+/// its arch's limit.
 /// Kernels and launch constants that no target builds (the Hopper kernels
 /// without sm_90a) leave the module.
 ::dflex::Status compileModule(::dflex::tools::CompiledModule &module,
@@ -233,27 +235,28 @@ compile::CompileRequest archRequest(const codegen::GeneratedModule &generated,
     module.binaries.push_back(std::move(binary));
   }
 
-  // Launch constants do not depend on the arch: each is read from the first
-  // arch that builds it.
-  for (const codegen::LaunchConstants &constants : generated.launchConstants) {
-    auto binary = llvm::find_if(module.binaries, [&](const compile::ArchBinary &candidate) {
-      return codegen::buildsFor(constants.requiredTarget, candidate.arch);
-    });
-    auto values = ::dflex::tools::readPtxIntArray(binary->ptx, constants.symbol,
-                                                  constants.names.size());
-    if (!values.ok())
-      return ::dflex::Status::failure("@" + generated.name + " (" + binary->arch +
-                                      "): " + values.error());
-    for (size_t i = 0; i < constants.names.size(); ++i)
-      module.launch[constants.symbol][constants.names[i]] = values.value()[i];
-  }
+  // Launch constants follow the configs each arch is compiled with: each
+  // binary's are read from its own PTX, and its shared memory is checked
+  // with them.
   for (compile::ArchBinary &binary : module.binaries) {
+    ::dflex::tools::CompiledModule::LaunchValues &launch = module.launch.emplace_back();
+    for (const codegen::LaunchConstants &constants : generated.launchConstants) {
+      if (!codegen::buildsFor(constants.requiredTarget, binary.arch))
+        continue;
+      auto values =
+          compile::readPtxIntArray(binary.ptx, constants.symbol, constants.names.size());
+      if (!values.ok())
+        return ::dflex::Status::failure("@" + generated.name + " (" + binary.arch +
+                                        "): " + values.error());
+      for (size_t i = 0; i < constants.names.size(); ++i)
+        launch[constants.symbol][constants.names[i]] = values.value()[i];
+    }
     compile::CompileRequest request = archRequest(generated, binary.arch);
     for (const codegen::KernelEntry &kernel : generated.kernels)
       if (codegen::buildsFor(kernel.requiredTarget, binary.arch))
         if (auto constant = sharedBytesConstant(kernel.role))
           request.dynamicSharedBytes[kernel.nameExpression] =
-              module.launch[constant->first][constant->second];
+              launch[constant->first][constant->second];
     if (::dflex::Status status = compile::checkSharedMemory(request, binary); !status.ok())
       return ::dflex::Status::failure("@" + generated.name + ": " + status.message());
   }

@@ -6,6 +6,7 @@
 #include "dflex/Codegen/Variant.h"
 #include "dflex/Expr/Program.h"
 
+#include <array>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,12 +36,23 @@ struct KernelEntry {
 };
 
 /// An extern "C" __device__ int array of launch constants, read back from
-/// the PTX of an arch that builds it.
+/// the PTX of each arch that builds it: its values are those of the configs
+/// that arch is compiled with.
 struct LaunchConstants {
   std::string symbol;
   std::vector<std::string> names; // the meaning of each element
   std::string requiredTarget;     // as KernelEntry::requiredTarget
 };
+
+/// The elements of a pass's launch-constant array, in the order the
+/// generated module emits them: its main kernel's threads per block, dynamic
+/// shared bytes, query tile and key tile, and for a backward the threads of
+/// its row kernels (preprocess and dQ conversion). The values follow the
+/// configs of the arch a binary is compiled for.
+inline constexpr std::array<const char *, 4> kForwardLaunchNames = {"threads", "shared_bytes",
+                                                                    "block_m", "block_n"};
+inline constexpr std::array<const char *, 5> kBackwardLaunchNames = {
+    "threads", "shared_bytes", "block_m", "block_n", "row_kernel_threads"};
 
 /// Whether compiling for `arch` ("sm_90", "sm_90a", "compute_90a", ...)
 /// builds code that needs `requiredTarget`: always when it is empty, else
@@ -59,7 +71,12 @@ struct GeneratedModule {
 
 /// Template version folded into every cache key: bump when the code
 /// generator changes what it emits for the same input.
-constexpr const char *kTemplateVersion = "dflex-templates-2";
+constexpr const char *kTemplateVersion = "dflex-templates-3";
+
+/// The layout of a bundle's manifest.json (docs/bundle.md), which
+/// dflex-compile writes and the runtime reads: bump when it changes.
+/// Version 2: each binary carries its own launch constants.
+constexpr int kBundleFormatVersion = 2;
 
 /// The arch-specific target of the Hopper attention kernels
 /// (kernels/attention/sm90: wgmma, setmaxnreg).
@@ -75,7 +92,8 @@ struct Sm90Kernels {
 Sm90Kernels sm90KernelsFor(int64_t headDim);
 
 /// Generates the forward and backward attention kernels of `spec`: the
-/// portable kernels for every arch, and for head dims that have them the
+/// portable kernels for every arch (with the DefaultAttentionConfigs of the
+/// compute capability each binary is compiled for), and for head dims that have them the
 /// Hopper kernels for sm_90a (roles with an "_sm90" suffix, their own launch
 /// constants; requiredTarget kSm90Target). `mask` and `scoreMod` are lowered
 /// bodies; `scoreMod`, when present, must carry its derivative

@@ -1,9 +1,9 @@
 // The example bundles dflex-compile wrote (the CTest fixture
 // dflex-attention-example-bundles, default archs sm_90a and sm_120): they
-// open, carry the Hopper kernels where the head dim has them, the runtime
-// picks its kernels and tiles from them per device, and compiling a
-// bundle's source at run time for an arch it has reproduces its binary
-// exactly.
+// open, carry the Hopper kernels where the head dim has them, each arch's
+// binary carries its own configs' launch constants, the runtime picks its
+// kernels and tiles from them per device, and compiling a bundle's source at
+// run time for an arch it has reproduces its binary and constants exactly.
 #include "../TestSupport.h"
 
 #include "dflex/runtime/Attention.h"
@@ -14,6 +14,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <tuple>
 
 using namespace dflex::runtime;
 
@@ -48,8 +49,9 @@ TEST(ExampleBundles, HopperKernelsAndTheirTilesPerHeadDim) {
     SCOPED_TRACE("head_dim 128: both passes");
     auto bundle = KernelBundle::open((bundles() / "dflash").string());
     const AttentionKernelSpec &spec = bundle->attention("drafter_attention");
-    ASSERT_TRUE(spec.forwardSm90 && spec.backwardSm90);
-    const AttentionKernelPlan hopper = planAttentionKernels(spec, 90, Choice::Auto);
+    const AttentionLaunches &sm90a = spec.launches.at("sm_90a");
+    ASSERT_TRUE(sm90a.forwardSm90 && sm90a.backwardSm90);
+    const AttentionKernelPlan hopper = planAttentionKernels(*bundle, spec, 90, Choice::Auto);
     EXPECT_EQ(hopper.arch, "sm_90a");
     EXPECT_FALSE(hopper.compiled);
     EXPECT_TRUE(hopper.forward.sm90 && hopper.backward.sm90);
@@ -63,72 +65,148 @@ TEST(ExampleBundles, HopperKernelsAndTheirTilesPerHeadDim) {
     EXPECT_EQ(hopper.backward.launch.blockN, 128);
     EXPECT_EQ(hopper.backward.launch.rowKernelThreads, 256);
     EXPECT_LE(hopper.backward.launch.sharedBytes, 232448);
-    // Portable on request, and on sm_120: the default configs' tiles.
-    for (const AttentionKernelPlan &portable :
-         {planAttentionKernels(spec, 90, Choice::Portable),
-          planAttentionKernels(spec, 120, Choice::Auto)}) {
-      EXPECT_FALSE(portable.forward.sm90 || portable.backward.sm90);
-      EXPECT_EQ(portable.forward.launch.blockM, 128);
-      EXPECT_EQ(portable.forward.launch.blockN, 64);
-      EXPECT_EQ(portable.backward.launch.blockM, 64);
-      EXPECT_EQ(portable.backward.launch.blockN, 64);
+    // The portable kernels on request: sm_90's default configs (4 warps of
+    // 32 query rows); on sm_120, sm_120's (16 rows per warp), each within
+    // 101,376 B of shared memory.
+    const AttentionKernelPlan portable = planAttentionKernels(*bundle, spec, 90, Choice::Portable);
+    EXPECT_EQ(portable.forward.launch.blockM, 128);
+    EXPECT_EQ(portable.forward.launch.blockN, 64);
+    EXPECT_EQ(portable.forward.launch.sharedBytes, 65536);
+    const AttentionKernelPlan sm120 = planAttentionKernels(*bundle, spec, 120, Choice::Auto);
+    EXPECT_EQ(sm120.arch, "sm_120");
+    EXPECT_EQ(sm120.forward.launch.blockM, 64);
+    EXPECT_EQ(sm120.forward.launch.blockN, 64);
+    EXPECT_EQ(sm120.forward.launch.sharedBytes, 49152);
+    for (const AttentionKernelPlan &plan : {portable, sm120}) {
+      EXPECT_FALSE(plan.forward.sm90 || plan.backward.sm90);
+      EXPECT_EQ(plan.backward.launch.blockM, 64);
+      EXPECT_EQ(plan.backward.launch.blockN, 64);
+      EXPECT_EQ(plan.backward.launch.sharedBytes, 82432);
     }
-    EXPECT_EQ(planAttentionKernels(spec, 120, Choice::Auto).arch, "sm_120");
   }
   {
     SCOPED_TRACE("head_dim 64: a Hopper forward, the portable backward");
     auto bundle = KernelBundle::open((bundles() / "prefix_lm").string());
     const AttentionKernelSpec &spec = bundle->attentionSpecs().front();
-    EXPECT_TRUE(spec.forwardSm90.has_value());
-    EXPECT_FALSE(spec.backwardSm90.has_value());
-    const AttentionKernelPlan plan = planAttentionKernels(spec, 90, Choice::Sm90);
+    EXPECT_TRUE(spec.launches.at("sm_90a").forwardSm90.has_value());
+    EXPECT_FALSE(spec.launches.at("sm_90a").backwardSm90.has_value());
+    const AttentionKernelPlan plan = planAttentionKernels(*bundle, spec, 90, Choice::Sm90);
     EXPECT_TRUE(plan.forward.sm90);
     EXPECT_FALSE(plan.backward.sm90);
-    EXPECT_EQ(plan.backward.launch.blockN, spec.backward.blockN);
+    EXPECT_EQ(plan.backward.launch, spec.launches.at("sm_90a").backward);
   }
   {
     SCOPED_TRACE("head_dim 256: portable only");
     auto bundle = KernelBundle::open((bundles() / "softcap").string());
     const AttentionKernelSpec &spec = bundle->attentionSpecs().front();
-    EXPECT_FALSE(spec.forwardSm90 || spec.backwardSm90);
-    EXPECT_FALSE(planAttentionKernels(spec, 90, Choice::Auto).forward.sm90);
-    test::expectError<FormatError>([&] { planAttentionKernels(spec, 90, Choice::Sm90); },
+    for (const auto &[arch, launches] : spec.launches)
+      EXPECT_FALSE(launches.forwardSm90 || launches.backwardSm90) << arch;
+    EXPECT_FALSE(planAttentionKernels(*bundle, spec, 90, Choice::Auto).forward.sm90);
+    test::expectError<FormatError>([&] { planAttentionKernels(*bundle, spec, 90, Choice::Sm90); },
                                    {"head_dim 256 has none"});
   }
 }
 
+TEST(ExampleBundles, EachArchRunsTheConfigsOfItsOwnBinary) {
+  using Choice = AttentionKernelChoice;
+  // head_dim 64 (with a prefix length per batch), 128 and 256.
+  const std::vector<std::pair<std::string, std::vector<torch::Tensor>>> cases = {
+      {"prefix_lm", {torch::tensor({100}, torch::kInt)}}, {"causal", {}}, {"softcap", {}}};
+  for (const auto &[name, captures] : cases) {
+    auto bundle = KernelBundle::open((bundles() / name).string());
+    const AttentionKernelSpec &spec = bundle->attentionSpecs().front();
+    // dflex_compile_bundles.py checks each binary's constants against the
+    // configs of its compute capability; sm_120's forward has other tiles.
+    const AttentionLaunches &sm90a = spec.launches.at("sm_90a"), &sm120 = spec.launches.at("sm_120");
+    EXPECT_NE(sm90a.forward, sm120.forward) << name;
+    for (const auto &[computeCapability, choice, arch] :
+         {std::tuple<int, Choice, std::string>{90, Choice::Portable, "sm_90a"},
+          {120, Choice::Auto, "sm_120"}}) {
+      SCOPED_TRACE(name + " on " + arch);
+      const AttentionLaunches &own = spec.launches.at(arch);
+      const AttentionKernelPlan plan = planAttentionKernels(*bundle, spec, computeCapability, choice);
+      ASSERT_EQ(plan.arch, arch);
+      ASSERT_FALSE(plan.forward.sm90 || plan.backward.sm90);
+      EXPECT_EQ(plan.forward.launch, own.forward);
+      EXPECT_EQ(plan.backward.launch, own.backward);
+      EXPECT_LE(plan.forward.launch.sharedBytes, 101376);
+      EXPECT_LE(plan.backward.launch.sharedBytes, 101376);
+      // The tile lists are built at that binary's tiles.
+      const dflex::analysis::AttentionTileLists lists =
+          attentionTileLists(spec, plan, captures, 1, 300, 300);
+      ASSERT_TRUE(lists.ok()) << lists.error;
+      EXPECT_EQ(lists.forward.queryTile, own.forward.blockM);
+      EXPECT_EQ(lists.forward.keyTile, own.forward.blockN);
+      EXPECT_EQ(lists.backward.queryTile, own.backward.blockM);
+      EXPECT_EQ(lists.backward.keyTile, own.backward.blockN);
+    }
+  }
+}
+
 /// Removes `arch`'s binary from a copy of the spec, compiles its source for
-/// `arch` at run time through a fresh cache, and expects the bundle's cubin
-/// and lowered names.
-void expectRunTimeCompileReproduces(const KernelBundle &bundle, const AttentionKernelSpec &spec,
-                                    const std::string &arch) {
+/// `arch` at run time through a fresh cache, and expects the bundle's cubin,
+/// lowered names and launch constants.
+void expectRunTimeCompileReproduces(const std::string &directory, const std::string &arch) {
   SCOPED_TRACE(arch);
+  auto bundle = KernelBundle::open(directory);
+  const AttentionKernelSpec &spec = bundle->attention("drafter_attention");
   test::TempDir cache;
   ASSERT_EQ(setenv("DFLEX_CACHE_DIR", cache.path().c_str(), 1), 0);
-  const KernelImage shipped = bundle.kernelImage(spec, arch);
+  const KernelImage shipped = bundle->kernelImage(spec, arch);
   EXPECT_FALSE(shipped.compiled);
+  EXPECT_EQ(shipped.arch, arch);
 
   AttentionKernelSpec withoutBinary = spec;
   withoutBinary.binaries.erase(arch);
-  const KernelImage compiled = bundle.kernelImage(withoutBinary, arch);
+  const KernelImage compiled = bundle->kernelImage(withoutBinary, arch);
   unsetenv("DFLEX_CACHE_DIR");
   EXPECT_TRUE(compiled.compiled);
+  EXPECT_EQ(compiled.arch, arch);
   EXPECT_EQ(compiled.loweredNames, shipped.loweredNames);
   EXPECT_TRUE(compiled.image == shipped.image) << "the run-time compile differs from the bundle's cubin";
   EXPECT_FALSE(std::filesystem::is_empty(cache.path())) << "nothing went through the cache";
+
+  // Without the manifest's constants for the arch, those of the compile's
+  // PTX: the same, and the plan runs with them.
+  withoutBinary.launches.erase(arch);
+  EXPECT_EQ(bundle->attentionLaunches(withoutBinary, arch), spec.launches.at(arch));
+  const int computeCapability = arch == "sm_120" ? 120 : 90;
+  const AttentionKernelPlan plan = planAttentionKernels(*bundle, withoutBinary, computeCapability,
+                                                        AttentionKernelChoice::Auto);
+  EXPECT_TRUE(plan.compiled);
+  EXPECT_EQ(plan.arch, arch);
+  EXPECT_EQ(plan.forward.launch, planAttentionKernels(*bundle, spec, computeCapability,
+                                                      AttentionKernelChoice::Auto)
+                                     .forward.launch);
 }
 
 TEST(ExampleBundles, RunTimeCompileReproducesTheBundlesBinary) {
-  auto bundle = KernelBundle::open((bundles() / "dflash").string());
-  const AttentionKernelSpec &spec = bundle->attention("drafter_attention");
   // sm_120 asks NVRTC for the portable kernels only, sm_90a for the Hopper
   // ones too: the same requests as dflex-compile's.
-  expectRunTimeCompileReproduces(*bundle, spec, "sm_120");
-  expectRunTimeCompileReproduces(*bundle, spec, "sm_90a");
+  expectRunTimeCompileReproduces((bundles() / "dflash").string(), "sm_120");
+  expectRunTimeCompileReproduces((bundles() / "dflash").string(), "sm_90a");
+  auto bundle = KernelBundle::open((bundles() / "dflash").string());
+  const AttentionKernelSpec &spec = bundle->attention("drafter_attention");
   const KernelImage hopper = bundle->kernelImage(spec, "sm_90a");
   EXPECT_EQ(hopper.loweredNames.size(), 9u);
   EXPECT_EQ(hopper.loweredNames.count("attention_backward_grad_q_sm90"), 1u);
   EXPECT_EQ(bundle->kernelImage(spec, "sm_120").loweredNames.count("attention_forward_sm90"), 0u);
+}
+
+TEST(ExampleBundles, RunTimeCompileRefusesOtherLaunchConstantsThanTheManifests) {
+  auto bundle = KernelBundle::open((bundles() / "causal").string());
+  AttentionKernelSpec spec = bundle->attention("causal_attention");
+  spec.binaries.erase("sm_120");
+  // A manifest whose sm_120 constants are another arch's.
+  spec.launches.at("sm_120") = spec.launches.at("sm_90a");
+  spec.launches.at("sm_120").forwardSm90.reset();
+  spec.launches.at("sm_120").backwardSm90.reset();
+  test::TempDir cache;
+  ASSERT_EQ(setenv("DFLEX_CACHE_DIR", cache.path().c_str(), 1), 0);
+  test::expectError<FormatError>([&] { bundle->kernelImage(spec, "sm_120"); },
+                                 {"causal_attention.cu (compiled for sm_120)",
+                                  "launch constants differ", "binaries: sm_120: launch"});
+  unsetenv("DFLEX_CACHE_DIR");
 }
 
 TEST(ExampleBundles, CompileFailureIsExplained) {

@@ -118,6 +118,23 @@ struct BundleContents {
   bool hopperBackward = false;
 };
 
+/// The portable kernels' launch constants of a test binary: sm_120's
+/// configs differ from the others' (as kernels/attention/config.cuh's do).
+JsonValue portableLaunch(const std::string &arch) {
+  const bool sm120 = arch == "sm_120";
+  JsonValue launch = JsonValue::object();
+  launch["dflex_forward_launch"]["threads"] = sm120 ? 64 : 128;
+  launch["dflex_forward_launch"]["shared_bytes"] = sm120 ? 2048 : 4096;
+  launch["dflex_forward_launch"]["block_m"] = sm120 ? 16 : 32;
+  launch["dflex_forward_launch"]["block_n"] = 16;
+  launch["dflex_backward_launch"]["threads"] = 128;
+  launch["dflex_backward_launch"]["shared_bytes"] = sm120 ? 6144 : 8192;
+  launch["dflex_backward_launch"]["block_m"] = 16;
+  launch["dflex_backward_launch"]["block_n"] = sm120 ? 16 : 32;
+  launch["dflex_backward_launch"]["row_kernel_threads"] = 256;
+  return launch;
+}
+
 const std::vector<const char *> kPortableRoles = {
     "attention_forward", "attention_backward_preprocess", "attention_backward",
     "attention_backward_grad_q"};
@@ -133,7 +150,7 @@ void writeBundle(const std::string &directory,
   const expr::Program mask = documentWindowMask();
   const expr::Program scoreMod = softcapBiasScoreMod();
   JsonValue manifest = JsonValue::object();
-  manifest["format_version"] = 1;
+  manifest["format_version"] = codegen::kBundleFormatVersion;
   manifest["template_version"] = codegen::kTemplateVersion;
   JsonValue modules = JsonValue::array();
   for (bool withScoreMod : {false, true}) {
@@ -159,31 +176,6 @@ void writeBundle(const std::string &directory,
     module["programs"] = programs;
     module["variant"] = codegen::toJson(
         codegen::layoutVariant(mask, withScoreMod ? &scoreMod : nullptr).value());
-    JsonValue launch = JsonValue::object();
-    launch["dflex_forward_launch"]["threads"] = 128;
-    launch["dflex_forward_launch"]["shared_bytes"] = 4096;
-    launch["dflex_forward_launch"]["block_m"] = 32;
-    launch["dflex_forward_launch"]["block_n"] = 16;
-    launch["dflex_backward_launch"]["threads"] = 128;
-    launch["dflex_backward_launch"]["shared_bytes"] = 8192;
-    launch["dflex_backward_launch"]["block_m"] = 16;
-    launch["dflex_backward_launch"]["block_n"] = 32;
-    launch["dflex_backward_launch"]["row_kernel_threads"] = 256;
-    // The Hopper kernels' launch constants as dflex-compile reads them for head_dim 128.
-    if (contents.hopperForward) {
-      launch["dflex_forward_sm90_launch"]["threads"] = 384;
-      launch["dflex_forward_sm90_launch"]["shared_bytes"] = 164936;
-      launch["dflex_forward_sm90_launch"]["block_m"] = 128;
-      launch["dflex_forward_sm90_launch"]["block_n"] = 128;
-    }
-    if (contents.hopperBackward) {
-      launch["dflex_backward_sm90_launch"]["threads"] = 384;
-      launch["dflex_backward_sm90_launch"]["shared_bytes"] = 231464;
-      launch["dflex_backward_sm90_launch"]["block_m"] = 64;
-      launch["dflex_backward_sm90_launch"]["block_n"] = 128;
-      launch["dflex_backward_sm90_launch"]["row_kernel_threads"] = 256;
-    }
-    module["launch"] = launch;
     JsonValue kernels = JsonValue::array();
     auto addKernel = [&](const std::string &role, bool hopper) {
       JsonValue kernel = JsonValue::object();
@@ -214,6 +206,24 @@ void writeBundle(const std::string &directory,
       test::writeBytes(directory + "/" + name + "." + arch + ".ptx", ptx);
       module["binaries"][arch]["ptx"] = name + "." + arch + ".ptx";
       module["binaries"][arch]["ptx_sha256"] = Sha256::hexDigest(ptx);
+      // Each binary's launch constants; the Hopper kernels' as dflex-compile
+      // reads them for head_dim 128, in the binaries that have them.
+      JsonValue launch = portableLaunch(arch);
+      const bool hopper = arch == "sm_90a" || arch == "compute_90a";
+      if (hopper && contents.hopperForward) {
+        launch["dflex_forward_sm90_launch"]["threads"] = 384;
+        launch["dflex_forward_sm90_launch"]["shared_bytes"] = 164936;
+        launch["dflex_forward_sm90_launch"]["block_m"] = 128;
+        launch["dflex_forward_sm90_launch"]["block_n"] = 128;
+      }
+      if (hopper && contents.hopperBackward) {
+        launch["dflex_backward_sm90_launch"]["threads"] = 384;
+        launch["dflex_backward_sm90_launch"]["shared_bytes"] = 231464;
+        launch["dflex_backward_sm90_launch"]["block_m"] = 64;
+        launch["dflex_backward_sm90_launch"]["block_n"] = 128;
+        launch["dflex_backward_sm90_launch"]["row_kernel_threads"] = 256;
+      }
+      module["binaries"][arch]["launch"] = launch;
       if (arch.rfind("sm_", 0) != 0)
         continue; // compute_XX: PTX only
       const std::string cubin = "cubin bytes of " + name + " for " + arch;
@@ -247,18 +257,24 @@ TEST(KernelBundle, OpensAndDescribesItsSpecs) {
   EXPECT_EQ(spec.captureNames(), (std::vector<std::string>{"docs", "window", "bias"}));
   ASSERT_TRUE(spec.scoreMod.has_value());
   EXPECT_GE(spec.scoreMod->scoreDerivative, 0);
-  EXPECT_EQ(spec.forward.blockM, 32);
-  EXPECT_EQ(spec.backward.blockN, 32);
-  EXPECT_EQ(spec.backward.rowKernelThreads, 256);
+  ASSERT_EQ(spec.launches.size(), 1u);
+  const AttentionLaunches &launches = spec.launches.at("sm_90");
+  EXPECT_EQ(launches.forward.blockM, 32);
+  EXPECT_EQ(launches.forward.sharedBytes, 4096);
+  EXPECT_EQ(launches.backward.blockN, 32);
+  EXPECT_EQ(launches.backward.rowKernelThreads, 256);
   EXPECT_EQ(spec.kernel("attention_backward").loweredNames.at("sm_90"),
             "_Zattention_backward_sm_90");
   EXPECT_EQ(spec.binaries.at("sm_90").cubinFile, "windowed_softcap.sm_90.cubin");
   EXPECT_EQ(bundle->readVerified(spec.binaries.at("sm_90").cubinFile,
                                  spec.binaries.at("sm_90").cubinSha256),
             "cubin bytes of windowed_softcap for sm_90");
-  EXPECT_FALSE(spec.forwardSm90.has_value());
-  EXPECT_FALSE(spec.backwardSm90.has_value());
+  EXPECT_FALSE(launches.forwardSm90.has_value());
+  EXPECT_FALSE(launches.backwardSm90.has_value());
   EXPECT_FALSE(spec.hasKernel("attention_forward_sm90", "sm_90a"));
+  // The constants travel with the binary: the same manifest entry as
+  // attentionLaunches gives for the arch.
+  EXPECT_EQ(bundle->attentionLaunches(spec, "sm_90"), launches);
 }
 
 TEST(KernelBundle, MissingDirectoryOrManifestNamesThePath) {
@@ -318,11 +334,23 @@ TEST(KernelBundle, BadManifestsAreNamedAndExplained) {
     std::vector<std::string> fragments;
   };
   const std::vector<Case> cases = {
-      {"format", [](JsonValue &m) { m["format_version"] = 2; }, {"format_version", "got 2"}},
+      {"format", [](JsonValue &m) { m["format_version"] = 1; },
+       {"format_version", "reads version 2, got 1", "rebuild"}},
       {"templates", [](JsonValue &m) { m["template_version"] = "dflex-templates-0"; },
        {"template_version", "dflex-templates-0", "rebuild"}},
-      {"launch", [](JsonValue &m) { firstModule(m)["launch"]["dflex_forward_launch"]["block_m"] = 0; },
-       {"module 'windowed'", "block_m"}},
+      {"launch",
+       [](JsonValue &m) {
+         firstModule(m)["binaries"]["sm_90"]["launch"]["dflex_forward_launch"]["block_m"] = 0;
+       },
+       {"module 'windowed'", "binaries: sm_90: launch: dflex_forward_launch: block_m", "got 0"}},
+      {"launch missing",
+       [](JsonValue &m) { firstModule(m)["binaries"]["sm_90"].asObject().erase("launch"); },
+       {"module 'windowed'", "binaries: sm_90: launch: missing"}},
+      {"pass missing",
+       [](JsonValue &m) {
+         firstModule(m)["binaries"]["sm_90"]["launch"].asObject().erase("dflex_backward_launch");
+       },
+       {"binaries: sm_90: launch: dflex_backward_launch: missing"}},
       {"missing kernel",
        [](JsonValue &m) { firstModule(m)["kernels"].asArray().pop_back(); },
        {"attention_backward_grad_q"}},
@@ -349,12 +377,20 @@ TEST(KernelBundle, HopperKernelsArePerArch) {
   writeBundle(dir.path().string(), {}, {{"sm_90a", "sm_120"}, true, true});
   auto bundle = KernelBundle::open(dir.path().string());
   const AttentionKernelSpec &spec = bundle->attention("windowed");
-  ASSERT_TRUE(spec.forwardSm90.has_value());
-  ASSERT_TRUE(spec.backwardSm90.has_value());
-  EXPECT_EQ(spec.forwardSm90->threads, 384);
-  EXPECT_EQ(spec.forwardSm90->blockN, 128);
-  EXPECT_EQ(spec.backwardSm90->blockM, 64);
-  EXPECT_EQ(spec.backwardSm90->rowKernelThreads, 256);
+  // Each binary has its own launch constants: the Hopper kernels' only
+  // where they are.
+  const AttentionLaunches &hopper = spec.launches.at("sm_90a");
+  ASSERT_TRUE(hopper.forwardSm90.has_value());
+  ASSERT_TRUE(hopper.backwardSm90.has_value());
+  EXPECT_EQ(hopper.forwardSm90->threads, 384);
+  EXPECT_EQ(hopper.forwardSm90->blockN, 128);
+  EXPECT_EQ(hopper.backwardSm90->blockM, 64);
+  EXPECT_EQ(hopper.backwardSm90->rowKernelThreads, 256);
+  EXPECT_EQ(hopper.forward.blockM, 32);
+  const AttentionLaunches &sm120 = spec.launches.at("sm_120");
+  EXPECT_FALSE(sm120.forwardSm90 || sm120.backwardSm90);
+  EXPECT_EQ(sm120.forward.blockM, 16);
+  EXPECT_EQ(sm120.backward.blockN, 16);
   EXPECT_EQ(spec.kernel("attention_backward_sm90").requiredTarget, "sm_90a");
   EXPECT_EQ(spec.kernel("attention_backward_sm90").loweredNames,
             (std::map<std::string, std::string>{{"sm_90a", "_Zattention_backward_sm90_sm_90a"}}));
@@ -412,9 +448,18 @@ TEST(KernelBundle, BadHopperManifestsAreNamedAndExplained) {
        {"no kernel with role 'attention_forward_sm90'"}},
       {"hopper launch constants missing",
        [&](JsonValue &m) {
-         firstModule(m)["launch"].asObject().erase("dflex_backward_sm90_launch");
+         firstModule(m)["binaries"]["sm_90a"]["launch"].asObject().erase(
+             "dflex_backward_sm90_launch");
        },
-       {"dflex_backward_sm90_launch"}},
+       {"binaries: sm_90a: launch: dflex_backward_sm90_launch: missing"}},
+      {"hopper launch constants in another arch's binary",
+       [&](JsonValue &m) {
+         JsonValue &binaries = firstModule(m)["binaries"];
+         binaries["sm_120"]["launch"]["dflex_forward_sm90_launch"] =
+             binaries["sm_90a"]["launch"]["dflex_forward_sm90_launch"];
+       },
+       {"binaries: sm_120: launch: dflex_forward_sm90_launch",
+        "the sm_120 binary has no kernel 'attention_forward_sm90'"}},
   };
   for (const Case &c : cases) {
     SCOPED_TRACE(c.what);
@@ -542,17 +587,20 @@ void checkTileList(const AttentionLaunch &launch, const analysis::TileList &list
   EXPECT_GT(listedFull + listedPartial, 0);
 }
 
-TEST(AttentionTileList, CoversTheMaskExactlyAtTheTilesOfEitherKernels) {
+TEST(AttentionTileList, CoversTheMaskExactlyAtTheTilesOfEitherKernelsAndArch) {
+  using Choice = AttentionKernelChoice;
   TempDir dir;
-  writeBundle(dir.path().string(), {}, {{"sm_90a"}, true, true});
+  writeBundle(dir.path().string(), {}, {{"sm_90a", "sm_120"}, true, true});
   auto bundle = KernelBundle::open(dir.path().string());
   const AttentionKernelSpec &spec = bundle->attention("windowed");
-  for (AttentionKernelChoice choice : {AttentionKernelChoice::Portable, AttentionKernelChoice::Sm90}) {
-    const AttentionKernelPlan plan = planAttentionKernels(spec, 90, choice);
-    ASSERT_EQ(plan.forward.sm90, choice == AttentionKernelChoice::Sm90);
+  // The Hopper tiles, sm_90a's portable tiles and sm_120's own.
+  for (auto [computeCapability, choice] : {std::pair<int, Choice>{90, Choice::Portable},
+                                           {90, Choice::Sm90}, {120, Choice::Auto}}) {
+    const AttentionKernelPlan plan = planAttentionKernels(*bundle, spec, computeCapability, choice);
+    ASSERT_EQ(plan.forward.sm90, choice == Choice::Sm90);
     for (auto [length, window] : {std::pair<int64_t, int64_t>{77, 20}, {130, 1000}, {45, 1},
                                   {300, 150}, {520, 40}}) {
-      SCOPED_TRACE("sm90 " + std::to_string(plan.forward.sm90) + " length " +
+      SCOPED_TRACE(plan.arch + " sm90 " + std::to_string(plan.forward.sm90) + " length " +
                    std::to_string(length) + " window " + std::to_string(window));
       Problem p = makeProblem(2, length, window, 7 + length);
       const std::vector<torch::Tensor> captures = p.captures(false);
@@ -589,26 +637,30 @@ TEST(AttentionKernelChoice, ReadsTheEnvironment) {
 }
 
 /// planAttentionKernels for `spec` on `computeCapability` with `choice`,
-/// checked against the expected binary and kernels of each pass.
-void expectPlan(const AttentionKernelSpec &spec, int computeCapability,
-                AttentionKernelChoice choice, const std::string &arch, bool compiled,
-                bool sm90Forward, bool sm90Backward) {
-  const AttentionKernelPlan plan = planAttentionKernels(spec, computeCapability, choice);
+/// checked against the expected binary, the kernels of each pass and the
+/// launch constants of that binary, which the manifest has for `arch`.
+void expectPlan(const KernelBundle &bundle, const AttentionKernelSpec &spec,
+                int computeCapability, AttentionKernelChoice choice, const std::string &arch,
+                bool compiled, bool sm90Forward, bool sm90Backward) {
+  const AttentionKernelPlan plan = planAttentionKernels(bundle, spec, computeCapability, choice);
   EXPECT_EQ(plan.arch, arch);
   EXPECT_EQ(plan.compiled, compiled);
   EXPECT_EQ(plan.forward.sm90, sm90Forward);
   EXPECT_EQ(plan.backward.sm90, sm90Backward);
-  // The tiles of the kernels that run, for the tile lists.
-  const AttentionLaunch &forward = sm90Forward ? *spec.forwardSm90 : spec.forward;
-  const AttentionLaunch &backward = sm90Backward ? *spec.backwardSm90 : spec.backward;
-  EXPECT_EQ(plan.forward.launch.blockM, forward.blockM);
-  EXPECT_EQ(plan.forward.launch.blockN, forward.blockN);
-  EXPECT_EQ(plan.forward.launch.threads, forward.threads);
-  EXPECT_EQ(plan.forward.launch.sharedBytes, forward.sharedBytes);
-  EXPECT_EQ(plan.backward.launch.blockM, backward.blockM);
-  EXPECT_EQ(plan.backward.launch.blockN, backward.blockN);
-  EXPECT_EQ(plan.backward.launch.threads, backward.threads);
-  EXPECT_EQ(plan.backward.launch.sharedBytes, backward.sharedBytes);
+  // The constants of the kernels that run (their tiles make the tile lists).
+  const AttentionLaunches &launches = spec.launches.at(arch);
+  EXPECT_EQ(plan.forward.launch, sm90Forward ? *launches.forwardSm90 : launches.forward);
+  EXPECT_EQ(plan.backward.launch, sm90Backward ? *launches.backwardSm90 : launches.backward);
+}
+
+/// planAttentionKernels for an arch the manifest has no constants for: it
+/// compiles the source for `arch` to read them, which the test bundles'
+/// stand-in source fails.
+void expectCompiledFor(const KernelBundle &bundle, const AttentionKernelSpec &spec,
+                       int computeCapability, const std::string &arch) {
+  expectError<FormatError>(
+      [&] { planAttentionKernels(bundle, spec, computeCapability, AttentionKernelChoice::Auto); },
+      {"spec 'windowed' has no binary for " + arch, "compiling its source windowed.cu failed"});
 }
 
 TEST(AttentionKernelPlan, HopperKernelsOnSm90DevicesFromSm90aBinaries) {
@@ -619,32 +671,41 @@ TEST(AttentionKernelPlan, HopperKernelsOnSm90DevicesFromSm90aBinaries) {
   AttentionKernelSpec spec = bundle->attention("windowed");
   {
     SCOPED_TRACE("sm_90 device");
-    expectPlan(spec, 90, Choice::Auto, "sm_90a", false, true, true);
-    expectPlan(spec, 90, Choice::Sm90, "sm_90a", false, true, true);
-    expectPlan(spec, 90, Choice::Portable, "sm_90a", false, false, false);
-    const AttentionKernelPlan plan = planAttentionKernels(spec, 90, Choice::Auto);
+    expectPlan(*bundle, spec, 90, Choice::Auto, "sm_90a", false, true, true);
+    expectPlan(*bundle, spec, 90, Choice::Sm90, "sm_90a", false, true, true);
+    expectPlan(*bundle, spec, 90, Choice::Portable, "sm_90a", false, false, false);
+    const AttentionKernelPlan plan = planAttentionKernels(*bundle, spec, 90, Choice::Auto);
     EXPECT_EQ(plan.forward.launch.blockM, 128);
     EXPECT_EQ(plan.forward.launch.blockN, 128);
     EXPECT_EQ(plan.backward.launch.blockM, 64);
     EXPECT_EQ(plan.backward.launch.blockN, 128);
+    EXPECT_EQ(planAttentionKernels(*bundle, spec, 90, Choice::Portable).forward.launch.blockM, 32);
   }
   {
-    SCOPED_TRACE("sm_120 device");
-    expectPlan(spec, 120, Choice::Auto, "sm_120", false, false, false);
-    expectError<FormatError>([&] { planAttentionKernels(spec, 120, Choice::Sm90); },
+    SCOPED_TRACE("sm_120 device: its own binary's constants");
+    expectPlan(*bundle, spec, 120, Choice::Auto, "sm_120", false, false, false);
+    const AttentionKernelPlan plan = planAttentionKernels(*bundle, spec, 120, Choice::Auto);
+    EXPECT_EQ(plan.forward.launch.blockM, 16);
+    EXPECT_EQ(plan.forward.launch.sharedBytes, 2048);
+    EXPECT_EQ(plan.backward.launch.blockN, 16);
+    expectError<FormatError>([&] { planAttentionKernels(*bundle, spec, 120, Choice::Sm90); },
                              {"DFLEX_ATTENTION_KERNELS=sm90", "'windowed'",
                               "sm_90 devices", "this one is sm_120"});
   }
   {
     SCOPED_TRACE("a device the bundle has no binary for");
-    expectPlan(spec, 80, Choice::Auto, "sm_80", true, false, false);
+    expectCompiledFor(*bundle, spec, 80, "sm_80");
   }
   {
-    SCOPED_TRACE("sm_90a binary missing: compiled for sm_90a at run time");
+    SCOPED_TRACE("sm_90a cubin missing: compiled for sm_90a at run time");
     AttentionKernelSpec withoutBinary = spec;
     withoutBinary.binaries.erase("sm_90a");
-    expectPlan(withoutBinary, 90, Choice::Auto, "sm_90a", true, true, true);
-    expectPlan(withoutBinary, 90, Choice::Portable, "sm_90a", true, false, false);
+    // The manifest's constants for sm_90a, where it still has them ...
+    expectPlan(*bundle, withoutBinary, 90, Choice::Auto, "sm_90a", true, true, true);
+    expectPlan(*bundle, withoutBinary, 90, Choice::Portable, "sm_90a", true, false, false);
+    // ... else the compile's.
+    withoutBinary.launches.erase("sm_90a");
+    expectCompiledFor(*bundle, withoutBinary, 90, "sm_90a");
   }
 }
 
@@ -656,14 +717,14 @@ TEST(AttentionKernelPlan, PortableKernelsWhereNoHopperOnesAre) {
     writeBundle(dir.path().string(), {}, {{"sm_90", "sm_120"}, false, false});
     auto bundle = KernelBundle::open(dir.path().string());
     AttentionKernelSpec spec = bundle->attention("windowed");
-    expectPlan(spec, 90, Choice::Auto, "sm_90", false, false, false);
-    expectError<FormatError>([&] { planAttentionKernels(spec, 90, Choice::Sm90); },
+    expectPlan(*bundle, spec, 90, Choice::Auto, "sm_90", false, false, false);
+    expectError<FormatError>([&] { planAttentionKernels(*bundle, spec, 90, Choice::Sm90); },
                              {"has no sm_90a kernels here", "head_dim 8 has none"});
     spec.qkHeadDim = spec.vHeadDim = 128;
-    expectError<FormatError>([&] { planAttentionKernels(spec, 90, Choice::Sm90); },
+    expectError<FormatError>([&] { planAttentionKernels(*bundle, spec, 90, Choice::Sm90); },
                              {"compiled without them", "--arch sm_90a"});
     spec.binaries.clear();
-    expectPlan(spec, 90, Choice::Auto, "sm_90", true, false, false);
+    expectPlan(*bundle, spec, 90, Choice::Auto, "sm_90", true, false, false);
   }
   {
     SCOPED_TRACE("a Hopper forward only (head_dim 64)");
@@ -671,8 +732,8 @@ TEST(AttentionKernelPlan, PortableKernelsWhereNoHopperOnesAre) {
     writeBundle(dir.path().string(), {}, {{"sm_90a"}, true, false});
     auto bundle = KernelBundle::open(dir.path().string());
     const AttentionKernelSpec &spec = bundle->attention("windowed");
-    expectPlan(spec, 90, Choice::Auto, "sm_90a", false, true, false);
-    expectPlan(spec, 90, Choice::Sm90, "sm_90a", false, true, false);
+    expectPlan(*bundle, spec, 90, Choice::Auto, "sm_90a", false, true, false);
+    expectPlan(*bundle, spec, 90, Choice::Sm90, "sm_90a", false, true, false);
   }
   {
     SCOPED_TRACE("sm_90 and sm_90a binaries");
@@ -680,19 +741,21 @@ TEST(AttentionKernelPlan, PortableKernelsWhereNoHopperOnesAre) {
     writeBundle(dir.path().string(), {}, {{"sm_90", "sm_90a"}, true, true});
     auto bundle = KernelBundle::open(dir.path().string());
     AttentionKernelSpec spec = bundle->attention("windowed");
-    expectPlan(spec, 90, Choice::Auto, "sm_90a", false, true, true);
+    expectPlan(*bundle, spec, 90, Choice::Auto, "sm_90a", false, true, true);
     spec.qkHeadDim = spec.vHeadDim = 128;
     spec.binaries.erase("sm_90a");
-    expectPlan(spec, 90, Choice::Auto, "sm_90", false, false, false);
-    expectError<FormatError>([&] { planAttentionKernels(spec, 90, Choice::Sm90); },
+    expectPlan(*bundle, spec, 90, Choice::Auto, "sm_90", false, false, false);
+    expectError<FormatError>([&] { planAttentionKernels(*bundle, spec, 90, Choice::Sm90); },
                              {"the bundle's sm_90 binary does not have them"});
   }
   {
-    SCOPED_TRACE("compute_90a: PTX only, compiled at run time");
+    SCOPED_TRACE("compute_90a: PTX only, compiled at run time for sm_90a");
     TempDir dir;
     writeBundle(dir.path().string(), {}, {{"compute_90a"}, true, true});
     auto bundle = KernelBundle::open(dir.path().string());
-    expectPlan(bundle->attention("windowed"), 90, Choice::Auto, "sm_90a", true, true, true);
+    const AttentionKernelSpec &spec = bundle->attention("windowed");
+    EXPECT_TRUE(spec.launches.at("compute_90a").backwardSm90.has_value());
+    expectCompiledFor(*bundle, spec, 90, "sm_90a");
   }
 }
 

@@ -73,7 +73,7 @@ std::vector<std::string> rolesOf(const SpecOptions &s) {
 /// stand-in binaries); `edit` may alter the manifest first.
 void writeBundle(const std::string &directory, const std::function<void(JsonValue &)> &edit = {}) {
   JsonValue manifest = JsonValue::object();
-  manifest["format_version"] = 1;
+  manifest["format_version"] = codegen::kBundleFormatVersion;
   manifest["template_version"] = codegen::kTemplateVersion;
   JsonValue modules = JsonValue::array();
   for (const SpecOptions &s : bundleSpecs()) {
@@ -95,6 +95,8 @@ void writeBundle(const std::string &directory, const std::function<void(JsonValu
     spec["element_type"] = "bf16";
     spec["scale"] = s.scale;
     module["spec"] = spec;
+    // Each binary's launch constants (sm_120's state kernels take narrower
+    // value blocks, to tell the two apart).
     JsonValue launch = JsonValue::object();
     const std::pair<const char *, int64_t> constants[] = {
         {"threads", 128},
@@ -111,28 +113,34 @@ void writeBundle(const std::string &directory, const std::function<void(JsonValu
         {"backward_chunk_shared_bytes", 84352}};
     for (const auto &[key, value] : constants)
       launch["dflex_gated_delta_launch"][key] = value;
-    module["launch"] = launch;
     JsonValue kernels = JsonValue::array();
     for (const std::string &role : rolesOf(s)) {
       JsonValue kernel = JsonValue::object();
       kernel["role"] = role;
       kernel["name_expression"] = role + "<Config>";
-      kernel["archs"]["sm_90"]["lowered_name"] = "_Z" + role;
+      for (const char *arch : {"sm_90a", "sm_120"})
+        kernel["archs"][arch]["lowered_name"] = "_Z" + role + "_" + arch;
       kernels.push(kernel);
     }
     module["kernels"] = kernels;
     const std::string source = "// generated source of " + s.name + "\n";
-    const std::string ptx = "// ptx of " + s.name + "\n";
-    const std::string cubin = "cubin bytes of " + s.name;
     test::writeBytes(directory + "/" + s.name + ".cu", source);
-    test::writeBytes(directory + "/" + s.name + ".sm_90.ptx", ptx);
-    test::writeBytes(directory + "/" + s.name + ".sm_90.cubin", cubin);
     module["source_file"] = s.name + ".cu";
     module["source_sha256"] = Sha256::hexDigest(source);
-    module["binaries"]["sm_90"]["ptx"] = s.name + ".sm_90.ptx";
-    module["binaries"]["sm_90"]["ptx_sha256"] = Sha256::hexDigest(ptx);
-    module["binaries"]["sm_90"]["cubin"] = s.name + ".sm_90.cubin";
-    module["binaries"]["sm_90"]["cubin_sha256"] = Sha256::hexDigest(cubin);
+    for (const std::string arch : {"sm_90a", "sm_120"}) {
+      const std::string ptx = "// ptx of " + s.name + " for " + arch + "\n";
+      const std::string cubin = "cubin bytes of " + s.name + " for " + arch;
+      test::writeBytes(directory + "/" + s.name + "." + arch + ".ptx", ptx);
+      test::writeBytes(directory + "/" + s.name + "." + arch + ".cubin", cubin);
+      JsonValue &binary = module["binaries"][arch];
+      binary["ptx"] = s.name + "." + arch + ".ptx";
+      binary["ptx_sha256"] = Sha256::hexDigest(ptx);
+      binary["cubin"] = s.name + "." + arch + ".cubin";
+      binary["cubin_sha256"] = Sha256::hexDigest(cubin);
+      binary["launch"] = launch;
+      if (arch == "sm_120")
+        binary["launch"]["dflex_gated_delta_launch"]["value_block"] = 16;
+    }
     modules.push(module);
   }
   manifest["modules"] = modules;
@@ -148,6 +156,11 @@ JsonValue &moduleNamed(JsonValue &manifest, const std::string &name) {
   throw std::runtime_error("no module " + name);
 }
 
+/// The gated-delta launch constants of `module`'s binary for `arch`.
+JsonValue &binaryLaunch(JsonValue &manifest, const std::string &module, const std::string &arch) {
+  return moduleNamed(manifest, module)["binaries"][arch]["launch"]["dflex_gated_delta_launch"];
+}
+
 TEST(GatedDeltaBundle, OpensAndDescribesItsSpecs) {
   TempDir dir;
   writeBundle(dir.path().string());
@@ -161,13 +174,17 @@ TEST(GatedDeltaBundle, OpensAndDescribesItsSpecs) {
   EXPECT_TRUE(spec.deltaRule && spec.qkL2Norm && spec.initialState && spec.finalState && spec.varlen &&
               spec.inKernelGate);
   EXPECT_FLOAT_EQ(spec.scale, 0.125f);
-  EXPECT_EQ(spec.launch.threads, 128);
-  EXPECT_EQ(spec.launch.chunkBackwardThreads, 256);
-  EXPECT_EQ(spec.launch.valueBlock, 32);
-  EXPECT_EQ(spec.launch.sharedBytes.at("gated_delta_backward_chunk"), 84352);
-  EXPECT_EQ(spec.launch.sharedBytes.size(), 6u);
-  EXPECT_EQ(spec.kernel("gated_delta_backward_gate_params").loweredNames.at("sm_90"),
-            "_Zgated_delta_backward_gate_params");
+  ASSERT_EQ(spec.launches.size(), 2u);
+  const GatedDeltaLaunch &hopper = spec.launches.at("sm_90a");
+  EXPECT_EQ(hopper.threads, 128);
+  EXPECT_EQ(hopper.chunkBackwardThreads, 256);
+  EXPECT_EQ(hopper.valueBlock, 32);
+  EXPECT_EQ(hopper.sharedBytes.at("gated_delta_backward_chunk"), 84352);
+  EXPECT_EQ(hopper.sharedBytes.size(), 6u);
+  // Each binary's own constants.
+  EXPECT_EQ(spec.launches.at("sm_120").valueBlock, 16);
+  EXPECT_EQ(spec.kernel("gated_delta_backward_gate_params").loweredNames.at("sm_90a"),
+            "_Zgated_delta_backward_gate_params_sm_90a");
   const GatedDeltaKernelSpec &plain = bundle->spec("plain");
   EXPECT_EQ(plain.gate, "none");
   EXPECT_FALSE(plain.qkL2Norm || plain.varlen || plain.inKernelGate);
@@ -180,11 +197,15 @@ TEST(GatedDeltaBundle, KernelImageIsTheCubinOfTheArch) {
   writeBundle(dir.path().string());
   auto bundle = GatedDeltaBundle::openCached(dir.path().string());
   const GatedDeltaKernelSpec &spec = bundle->spec("model");
+  // An sm_90 device takes the sm_90a cubin; the image says which arch, for
+  // its launch constants.
   const KernelImage image = bundle->kernelImage(spec, "sm_90");
-  EXPECT_EQ(image.image, "cubin bytes of model");
-  EXPECT_EQ(image.loweredNames.at("gated_delta_forward_state"), "_Zgated_delta_forward_state");
-  expectError<FormatError>([&] { bundle->kernelImage(spec, "sm_120"); },
-                           {"'model'", "no cubin for sm_120", "it has: sm_90", "--arch sm_120"});
+  EXPECT_EQ(image.image, "cubin bytes of model for sm_90a");
+  EXPECT_EQ(image.arch, "sm_90a");
+  EXPECT_EQ(image.loweredNames.at("gated_delta_forward_state"), "_Zgated_delta_forward_state_sm_90a");
+  EXPECT_EQ(bundle->kernelImage(spec, "sm_120").arch, "sm_120");
+  expectError<FormatError>([&] { bundle->kernelImage(spec, "sm_100"); },
+                           {"'model'", "no cubin for sm_100", "it has: sm_120, sm_90a", "--arch sm_100"});
 }
 
 TEST(GatedDeltaBundle, UnknownSpecListsTheKnownOnes) {
@@ -215,15 +236,15 @@ TEST(GatedDeltaBundle, BadManifestsAreNamedAndExplained) {
        {"varlen", "missing"}},
       {[](JsonValue &m) { moduleNamed(m, "plain")["spec"]["scale"] = 0.0; }, {"scale", "positive"}},
       {[](JsonValue &m) {
-         moduleNamed(m, "plain")["launch"]["dflex_gated_delta_launch"].asObject().erase("value_block");
+         binaryLaunch(m, "plain", "sm_120").asObject().erase("value_block");
        },
-       {"dflex_gated_delta_launch", "value_block", "rebuild it"}},
-      {[](JsonValue &m) { moduleNamed(m, "plain")["launch"]["dflex_gated_delta_launch"]["value_block"] = 48; },
-       {"value_block", "does not divide value_dim 64"}},
-      {[](JsonValue &m) {
-         moduleNamed(m, "plain")["launch"]["dflex_gated_delta_launch"]["backward_chunk_shared_bytes"] = -1;
-       },
+       {"binaries: sm_120: launch: dflex_gated_delta_launch", "value_block", "rebuild it"}},
+      {[](JsonValue &m) { binaryLaunch(m, "plain", "sm_90a")["value_block"] = 48; },
+       {"binaries: sm_90a: launch", "value_block", "does not divide value_dim 64"}},
+      {[](JsonValue &m) { binaryLaunch(m, "plain", "sm_90a")["backward_chunk_shared_bytes"] = -1; },
        {"backward_chunk_shared_bytes", "positive launch constant"}},
+      {[](JsonValue &m) { moduleNamed(m, "plain")["binaries"]["sm_120"].asObject().erase("launch"); },
+       {"module 'plain'", "binaries: sm_120: launch", "missing"}},
       {[](JsonValue &m) {
          // A grouped spec needs the finalize kernel.
          JsonValue::Array &kernels = moduleNamed(m, "model")["kernels"].asArray();

@@ -49,5 +49,6 @@ dflex.attention @layer mask @window score_mod @softcap heads(8, 2) head_dim(64, 
 // CHECK:         = subf([[ONE]], [[SQ]], 0);
 // CHECK:         return v{{[0-9]+}};
 
-// CHECK:       using Configs = ::dflex::kernels::DefaultAttentionConfigs<__nv_bfloat16, 64>;
+// CHECK:       // The configs of the arch this binary is compiled for.
+// CHECK-NEXT:  using Configs = ::dflex::kernels::DefaultAttentionConfigs<__nv_bfloat16, 64, ::dflex::kernels::kCompiledComputeCapability>;
 // CHECK:       extern "C" __device__ const int dflex_forward_launch[4]

@@ -19,7 +19,8 @@ dflex.attention @d256 mask @causal heads(8, 2) head_dim(256, 256) : bf16
 // CHECK-NEXT:  #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // CHECK-NEXT:  #include "attention/sm90/attention_sm90.cuh"
 // CHECK-NEXT:  #endif
-// CHECK:       using Configs = ::dflex::kernels::DefaultAttentionConfigs<__nv_bfloat16, 64>;
+// CHECK:       // The configs of the arch this binary is compiled for.
+// CHECK-NEXT:  using Configs = ::dflex::kernels::DefaultAttentionConfigs<__nv_bfloat16, 64, ::dflex::kernels::kCompiledComputeCapability>;
 // CHECK-NEXT:  #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // CHECK-NEXT:  using Sm90Configs = ::dflex::kernels::Sm90AttentionConfigs<__nv_bfloat16, 64>;
 // CHECK-NEXT:  #endif

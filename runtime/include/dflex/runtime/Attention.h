@@ -70,8 +70,8 @@ enum class AttentionKernelChoice { Auto, Portable, Sm90 };
 /// forward made (the tile lists depend on it).
 AttentionKernelChoice attentionKernelChoice();
 
-/// The kernels of one pass: their launch constants (tile sizes for the tile
-/// list) and whether they are the Hopper ones.
+/// The kernels of one pass: their launch constants in the plan's binary
+/// (tile sizes for the tile list) and whether they are the Hopper ones.
 struct AttentionPassKernels {
   AttentionLaunch launch;
   bool sm90 = false;
@@ -88,12 +88,16 @@ struct AttentionKernelPlan {
   AttentionPassKernels forward, backward;
 };
 
-/// The plan for `spec` on a device of `computeCapability` (major * 10 +
-/// minor): a pass runs its Hopper kernels when `choice` allows and the
-/// binary of `arch` has them (head_dim 64: forward only, head_dim 128: both
-/// passes). Throws FormatError, saying why, when `choice` is Sm90 and the
-/// forward has no Hopper kernel.
-AttentionKernelPlan planAttentionKernels(const AttentionKernelSpec &spec, int computeCapability,
+/// The plan for `spec` of `bundle` on a device of `computeCapability`
+/// (major * 10 + minor): a pass runs its Hopper kernels when `choice` allows
+/// and the binary of `arch` has them (head_dim 64: forward only, head_dim
+/// 128: both passes), with the launch constants of that binary
+/// (KernelBundle::attentionLaunches: an arch's configs are its own; for an
+/// arch the bundle has no binary for, this compiles the source, the compile
+/// the launch then loads). Throws FormatError, saying why, when `choice` is
+/// Sm90 and the forward has no Hopper kernel, or when that compile fails.
+AttentionKernelPlan planAttentionKernels(const KernelBundle &bundle,
+                                         const AttentionKernelSpec &spec, int computeCapability,
                                          AttentionKernelChoice choice);
 
 /// The tile lists the CUDA path builds for one call running `plan`'s

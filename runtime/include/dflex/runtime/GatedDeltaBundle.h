@@ -15,7 +15,7 @@
 namespace dflex::runtime {
 
 /// The launch constants of the gated-delta kernels (dflex_gated_delta_launch,
-/// read back from the compiled module).
+/// read back from a compiled module).
 struct GatedDeltaLaunch {
   int64_t threads = 0;              // prepare, state and output kernels
   int64_t chunkBackwardThreads = 0; // backward chunk kernel
@@ -31,9 +31,11 @@ struct GatedDeltaLaunch {
 /// A dflex.gated_delta spec of a bundle (its compile-time options) and
 /// everything needed to run it.
 struct GatedDeltaKernelSpec : codegen::GatedDeltaSpec {
-  GatedDeltaLaunch launch;
   std::vector<BundleKernel> kernels;
   std::map<std::string, BundleBinary> binaries; // arch -> files
+  /// arch -> the launch constants of the bundle's binary for it (read from
+  /// that binary's PTX by dflex-compile).
+  std::map<std::string, GatedDeltaLaunch> launches;
   std::string sourceFile, sourceSha256;
 
   /// Throws FormatError naming the spec when it has no such kernel.
@@ -57,8 +59,9 @@ public:
   const std::vector<GatedDeltaKernelSpec> &specs() const { return specs_; }
 
   /// The cubin of `spec` for `arch` ("sm_90"), or for its arch-specific
-  /// variant ("sm_90a"). Throws FormatError when the bundle has neither
-  /// (compile the spec with --arch for the device).
+  /// variant ("sm_90a"); KernelImage::arch says which (its launch constants
+  /// are spec.launches.at(arch)). Throws FormatError when the bundle has
+  /// neither (compile the spec with --arch for the device).
   KernelImage kernelImage(const GatedDeltaKernelSpec &spec, const std::string &arch) const;
 
 private:

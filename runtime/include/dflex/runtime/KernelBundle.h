@@ -14,19 +14,37 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace dflex::runtime {
 
-/// The launch constants of one pass, read back from the compiled module.
+/// The launch constants of one pass, read back from a compiled module.
 struct AttentionLaunch {
   int64_t threads = 0;          // per block of the main kernel
   int64_t sharedBytes = 0;      // dynamic shared memory of the main kernel
   int64_t blockM = 0;           // query tile
   int64_t blockN = 0;           // key tile
   int64_t rowKernelThreads = 0; // backward only: preprocess and dQ kernels
+
+  bool operator==(const AttentionLaunch &other) const;
+  bool operator!=(const AttentionLaunch &other) const { return !(*this == other); }
+};
+
+/// The launch constants of a spec's kernels in one arch's binary: each arch
+/// is compiled with its own configs (kernels/attention/config.cuh), so its
+/// binary has its own constants.
+struct AttentionLaunches {
+  AttentionLaunch forward, backward; // the portable kernels
+  /// The Hopper kernels', in binaries that have them (sm_90a: roles
+  /// attention_forward_sm90; attention_backward_preprocess_sm90,
+  /// attention_backward_sm90, attention_backward_grad_q_sm90).
+  std::optional<AttentionLaunch> forwardSm90, backwardSm90;
+
+  bool operator==(const AttentionLaunches &other) const;
+  bool operator!=(const AttentionLaunches &other) const { return !(*this == other); }
 };
 
 /// One __global__ function of a module.
@@ -53,16 +71,17 @@ struct AttentionKernelSpec : codegen::AttentionSpec {
   /// Capture slots of the kernels' variant: the order of the op's capture
   /// list.
   codegen::VariantLayout layout;
-  AttentionLaunch forward, backward; // the portable kernels
-  /// The Hopper (sm_90a) kernels' launch constants, where the bundle has
-  /// them (roles attention_forward_sm90; attention_backward_preprocess_sm90,
-  /// attention_backward_sm90, attention_backward_grad_q_sm90).
-  std::optional<AttentionLaunch> forwardSm90, backwardSm90;
   std::vector<BundleKernel> kernels;
   std::map<std::string, BundleBinary> binaries; // arch -> files
+  /// arch -> the launch constants of the bundle's binary for it (read from
+  /// that binary's PTX by dflex-compile); KernelBundle::attentionLaunches
+  /// gives them for any arch.
+  std::map<std::string, AttentionLaunches> launches;
   std::string sourceFile, sourceSha256;
 
   const BundleKernel &kernel(const std::string &role) const;
+  /// Whether the spec has a kernel of `role` (in some arch's binary).
+  bool hasRole(const std::string &role) const;
   /// Whether a binary for `arch` (the bundle's, or the source compiled for
   /// it) has the kernel of `role`.
   bool hasKernel(const std::string &role, const std::string &arch) const;
@@ -72,6 +91,7 @@ struct AttentionKernelSpec : codegen::AttentionSpec {
 /// A loadable image of a spec's kernels for one arch.
 struct KernelImage {
   std::string image;                               // cubin bytes
+  std::string arch;                                // the arch it was compiled for
   std::string label;                               // where it came from, for errors
   std::map<std::string, std::string> loweredNames; // role -> mangled name
   bool compiled = false;                           // compiled from source at run time
@@ -97,18 +117,39 @@ public:
   /// The kernels of `spec` for `arch` ("sm_90a", "sm_120"): the bundle's
   /// cubin for it, else the bundle's source compiled for it by NVRTC through
   /// the kernel cache ($DFLEX_CACHE_DIR, else ~/.cache/dflex), with the
-  /// request dflex-compile makes (the kernels `arch` builds). Throws
-  /// FormatError when that fails. planAttentionKernels (Attention.h) picks
-  /// the arch for a device.
+  /// request dflex-compile makes (the kernels `arch` builds), once per
+  /// bundle, source and arch. Throws FormatError when that fails, or when
+  /// the compile's launch constants differ from the manifest's for `arch`.
+  /// planAttentionKernels (Attention.h) picks the arch for a device.
   KernelImage kernelImage(const AttentionKernelSpec &spec, const std::string &arch) const;
+
+  /// The launch constants of `spec`'s kernels in its binary for `arch`: the
+  /// manifest's for `arch` where it has them (every binary of the bundle
+  /// carries its own), else those read from the PTX of the source compiled
+  /// for `arch` (the compile kernelImage loads). Throws FormatError when
+  /// that compile fails.
+  AttentionLaunches attentionLaunches(const AttentionKernelSpec &spec,
+                                      const std::string &arch) const;
 
   /// Contents of a bundle file, checked against `sha256`.
   std::string readVerified(const std::string &file, const std::string &sha256) const;
   std::string path(const std::string &file) const;
 
 private:
+  /// A spec's source compiled at run time for one arch.
+  struct CompiledAttention {
+    KernelImage image;
+    AttentionLaunches launches; // read from the compile's PTX
+  };
+  /// The compile of `spec`'s source for `arch`, done on first use.
+  const CompiledAttention &compiledAttention(const AttentionKernelSpec &spec,
+                                             const std::string &arch) const;
+
   std::string directory_;
   std::vector<AttentionKernelSpec> attention_;
+  mutable std::mutex compileMutex_;
+  /// Run-time compiles by source sha256, arch and requested kernels.
+  mutable std::map<std::string, std::unique_ptr<const CompiledAttention>> compiled_;
 };
 
 } // namespace dflex::runtime

@@ -1,0 +1,97 @@
+//===- AttentionModuleTest.cpp - generated modules per compiled arch ------===//
+//
+// A generated attention module, compiled by NVRTC for sm_90a and sm_120,
+// instantiates the DefaultAttentionConfigs of the arch it is compiled for:
+// the launch constants read back from each PTX are that arch's (sm_120's
+// within its 101,376 B of shared memory per block), and the Hopper kernels
+// and their constants exist in the sm_90a binary only.
+//
+//===----------------------------------------------------------------------===//
+
+#include "../interpreter/TestUtil.h"
+#include "dflex/Codegen/Attention.h"
+#include "dflex/Codegen/KernelSources.h"
+#include "dflex/Compile/Nvrtc.h"
+#include "dflex/Compile/PtxConstants.h"
+
+#include <gtest/gtest.h>
+
+using namespace dflex;
+
+namespace {
+
+/// The values of `constants` in `ptx`, or the error of reading them.
+Result<std::vector<int64_t>> read(const std::string &ptx, const codegen::LaunchConstants &constants) {
+  return compile::readPtxIntArray(ptx, constants.symbol, constants.names.size());
+}
+
+TEST(CodegenAttention, EachArchsBinaryHasTheConfigsOfItsComputeCapability) {
+  auto loaded = test::LoadedModule::fromFile(DFLEX_EXAMPLES_DIR "/causal.mlir");
+  ASSERT_TRUE(loaded.module);
+  codegen::AttentionSpec spec;
+  spec.name = "causal_attention";
+  spec.numQHeads = 32;
+  spec.numKvHeads = 8;
+  spec.qkHeadDim = spec.vHeadDim = 128;
+  spec.elementType = "bf16";
+  spec.scale = 0.0883883f;
+  Result<codegen::GeneratedModule> module =
+      codegen::generateAttention(spec, loaded.program("causal"), nullptr, "causal.mlir");
+  ASSERT_TRUE(module.ok()) << module.error();
+
+  // threads, shared bytes, block_m, block_n (backward: and row kernel threads)
+  // of DefaultAttentionConfigs<bf16, 128, 90 / 120> and Sm90AttentionConfigs.
+  struct Expected {
+    const char *arch;
+    std::map<std::string, std::vector<int64_t>> launch; // symbol -> values; absent: not built
+  };
+  const Expected expected[] = {
+      {"sm_90a",
+       {{"dflex_forward_launch", {128, 65536, 128, 64}},
+        {"dflex_backward_launch", {256, 82432, 64, 64, 256}},
+        {"dflex_forward_sm90_launch", {384, 164936, 128, 128}},
+        {"dflex_backward_sm90_launch", {384, 231464, 64, 128, 256}}}},
+      {"sm_120",
+       {{"dflex_forward_launch", {128, 49152, 64, 64}},
+        {"dflex_backward_launch", {256, 82432, 64, 64, 256}}}},
+  };
+  std::map<std::string, std::string> forwardKernel; // arch -> lowered name
+  for (const Expected &target : expected) {
+    SCOPED_TRACE(target.arch);
+    compile::CompileRequest request;
+    request.source = module.value().source;
+    request.programName = spec.name + ".cu";
+    request.options = {"-std=c++17"};
+    for (const codegen::EmbeddedHeader &header : codegen::kernelHeaders())
+      request.headers.push_back({header.name, header.contents});
+    for (const codegen::KernelEntry &kernel : module.value().kernels)
+      if (codegen::buildsFor(kernel.requiredTarget, target.arch))
+        request.nameExpressions.push_back(kernel.nameExpression);
+    Result<compile::ArchBinary> binary = compile::compileForArch(request, target.arch);
+    ASSERT_TRUE(binary.ok()) << binary.error();
+    for (const codegen::LaunchConstants &constants : module.value().launchConstants) {
+      if (constants.symbol == "dflex_tile_classify_launch")
+        continue;
+      SCOPED_TRACE(constants.symbol);
+      Result<std::vector<int64_t>> values = read(binary.value().ptx, constants);
+      auto wanted = target.launch.find(constants.symbol);
+      EXPECT_EQ(codegen::buildsFor(constants.requiredTarget, target.arch),
+                wanted != target.launch.end());
+      if (wanted == target.launch.end()) {
+        EXPECT_FALSE(values.ok()) << "a binary without the kernels has their constants";
+        continue;
+      }
+      ASSERT_TRUE(values.ok()) << values.error();
+      EXPECT_EQ(values.value(), wanted->second);
+      if (std::string(target.arch) == "sm_120")
+        EXPECT_LE(values.value()[1], 101376) << "beyond sm_120's shared memory per block";
+    }
+    forwardKernel[target.arch] =
+        binary.value().loweredName(module.value().kernels.front().nameExpression);
+  }
+  // One name expression, two instantiations: each arch's own config type.
+  EXPECT_FALSE(forwardKernel["sm_90a"].empty());
+  EXPECT_NE(forwardKernel["sm_90a"], forwardKernel["sm_120"]);
+}
+
+} // namespace
