@@ -24,6 +24,20 @@ TEST(PtxConstants, ReadsByteAndWordArrays) {
   EXPECT_EQ(values.value(), (std::vector<int64_t>{256, 82432, 64, 0, 0}));
 }
 
+TEST(PtxConstants, FindsTheInitialisedArrayInAMegabyteOfPtx) {
+  // Real kernel PTX runs to about a megabyte; a declaration without an
+  // initializer and other arrays come first.
+  std::string ptx(1 << 20, ' ');
+  for (size_t i = 0; i + 1 < ptx.size(); i += 64)
+    ptx[i] = '\n';
+  ptx += ".extern .global .align 4 .b8 dflex_forward_launch[16];\n"
+         ".visible .global .align 4 .u32 other_launch[2] = {7, 8};\n"
+         ".visible .global .align 4 .u32 dflex_forward_launch[4] = {64, 1, 2, 3};\n";
+  Result<std::vector<int64_t>> values = readPtxIntArray(ptx, "dflex_forward_launch", 4);
+  ASSERT_TRUE(values.ok()) << values.error();
+  EXPECT_EQ(values.value(), (std::vector<int64_t>{64, 1, 2, 3}));
+}
+
 TEST(PtxConstants, MissingOrMisshapenArraysAreNamed) {
   const std::string ptx =
       ".visible .global .align 4 .b8 dflex_forward_sm90_launch[16] = {128, 1};\n";

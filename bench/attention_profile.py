@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Where a dflex attention call's time goes, on the DFlash training shape.
+
+usage: attention_profile.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--kernels CHOICE]
+
+Runs forward+backward of the op under torch.profiler and prints, per step,
+the GPU time of each kernel (and copy/memset), their sum, and the step's
+wall time: the gap between the two is time the GPU waits on the host
+(tile lists, capture uploads, synchronisations). Times the step with
+captures already on the host (as a data loader hands them over) and with
+captures on the device (the op copies them to the host for its tile lists).
+"""
+
+import os
+import sys
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from timing import median_ms
+
+LIB, BUNDLES = sys.argv[1], sys.argv[2]
+if "--kernels" in sys.argv:
+    os.environ["DFLEX_ATTENTION_KERNELS"] = sys.argv[sys.argv.index("--kernels") + 1]
+torch.ops.load_library(LIB)
+dev, dt = "cuda", torch.bfloat16
+BLOCK, ANCHORS, CONTEXT = 16, 512, 8192
+STEPS = 5
+
+torch.manual_seed(0)
+anchors = torch.sort(torch.randperm(CONTEXT - 1, device=dev)[:ANCHORS] + 1).values.to(torch.int32)
+tq, tkv = ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK
+q = torch.randn(1, tq, 32, 128, device=dev, dtype=dt, requires_grad=True)
+k = torch.randn(1, tkv, 8, 128, device=dev, dtype=dt, requires_grad=True)
+v = torch.randn(1, tkv, 8, 128, device=dev, dtype=dt, requires_grad=True)
+do = torch.randn(1, tq, 32, 128, device=dev, dtype=dt)
+bundle = os.path.join(BUNDLES, "dflash")
+context_start = torch.zeros(1, ANCHORS, dtype=torch.int32)
+context = torch.tensor(CONTEXT, dtype=torch.int64)
+host_captures = [anchors[None].cpu(), context_start, context]
+device_captures = [anchors[None], context_start.to(dev), context]
+
+
+# The same values in [B, H, T, D] storage, read through [B, T, H, D] views
+# (how attention_bench.py shares its inputs with flex_attention).
+strided = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
+
+
+def step(captures, leaves=(q, k, v), views=lambda t: t):
+    o, _ = torch.ops.dflex.attention(bundle, "drafter_attention", *map(views, leaves), captures)
+    o.backward(do)
+    for t in leaves:
+        t.grad = None
+
+
+def bhtd(t):
+    return t.transpose(1, 2)
+
+
+for name, args in (("host captures", (host_captures,)),
+                   ("device captures", (device_captures,)),
+                   ("host captures, [B,H,T,D] storage", (host_captures, strided, bhtd))):
+    print(f"{name}: fwd+bwd median {median_ms(lambda: step(*args)):.3f} ms", flush=True)
+
+step(host_captures)
+torch.cuda.synchronize()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    for _ in range(STEPS):
+        step(host_captures)
+    torch.cuda.synchronize()
+
+gpu_us = defaultdict(float)
+calls = defaultdict(int)
+for event in prof.events():
+    if event.device_type == torch.autograd.DeviceType.CUDA:
+        gpu_us[event.name] += event.device_time
+        calls[event.name] += 1
+total = sum(gpu_us.values()) / STEPS
+print(f"\nGPU time per step (host captures, {STEPS} steps under the profiler)")
+print("| kernel | calls/step | ms/step |")
+print("|---|---|---|")
+for name, us in sorted(gpu_us.items(), key=lambda item: -item[1]):
+    print(f"| {name[:90]} | {calls[name] / STEPS:g} | {us / STEPS / 1000:.3f} |")
+print(f"| total | | {total / 1000:.3f} |")
+cpu = prof.key_averages()
+print("\nhost time per step of the op's own ranges (top 12 by CPU total)")
+for row in sorted(cpu, key=lambda r: -r.cpu_time_total)[:12]:
+    print(f"  {row.key[:70]:70s} {row.cpu_time_total / STEPS / 1000:8.3f} ms  x{row.count / STEPS:g}")
+
+# One step's timeline: the host ranges directly under the op and its
+# backward node, and the GPU's activities, in microseconds from the step's start.
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    torch.cuda.synchronize()
+    step(host_captures)
+    torch.cuda.synchronize()
+events = [e for e in prof.events() if e.name != "cudaDeviceSynchronize"]
+origin = min(e.time_range.start for e in events if e.device_type == torch.autograd.DeviceType.CPU)
+print("\none step's timeline (us from the step's start; GPU rows marked *)")
+for e in sorted(events, key=lambda e: e.time_range.start):
+    on_gpu = e.device_type == torch.autograd.DeviceType.CUDA
+    depth = 0
+    parent = e.cpu_parent
+    while parent is not None:
+        depth += 1
+        parent = parent.cpu_parent
+    if on_gpu or depth <= 2:
+        print(f"{'*' if on_gpu else ' '} {e.time_range.start - origin:8.1f} {e.time_range.end - origin:8.1f}  "
+              f"{'  ' * depth}{e.name[:80]}")
