@@ -58,7 +58,7 @@ struct TileList {
   TileListKind kind = TileListKind::Forward;
   int64_t queryTile = 0, keyTile = 0;     // tile sizes
   int64_t queryLength = 0, keyLength = 0; // the lengths it covers
-  int64_t evaluations = 0;                // interval evaluations it took (0: derived)
+  int64_t evaluations = 0;                // interval evaluations it took
 };
 
 struct TileListResult {
@@ -74,28 +74,13 @@ TileListResult buildTileList(IntervalEvaluator &mask, TileListKind kind,
                              const AttentionShape &shape, int64_t queryTile,
                              int64_t keyTile);
 
-/// The list of the other kind, for the same call, whose tiles (`queryTile`
-/// x `keyTile`) are unions of the tiles of `source`: a tile is full when all
-/// its parts are, empty when all are, else partial. Fails, with a message,
-/// when the tiles are not unions or `source` is inconsistent (offsets,
-/// entries out of range or out of order).
-TileListResult transposeTileList(const TileList &source, int64_t queryTile, int64_t keyTile);
-
+/// Both lists of one attention call, as the runtime holds them; each pass's
+/// list is built by its own buildTileList, with the pass's tiles.
 struct AttentionTileLists {
   TileList forward, backward;
   std::string error; // empty on success
   bool ok() const { return error.empty(); }
 };
-
-/// Both lists of one attention call; the passes may use different tiles.
-/// When one pass's tiles are unions of the other's, only the finer list is
-/// scanned and the other is derived from it (transposeTileList).
-AttentionTileLists buildAttentionTileLists(IntervalEvaluator &mask,
-                                           const AttentionShape &shape,
-                                           int64_t forwardQueryTile,
-                                           int64_t forwardKeyTile,
-                                           int64_t backwardQueryTile,
-                                           int64_t backwardKeyTile);
 
 } // namespace dflex::analysis
 

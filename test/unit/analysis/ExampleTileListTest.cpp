@@ -1,7 +1,8 @@
 //===- ExampleTileListTest.cpp - tile lists of the examples vs brute force -===//
 //
 // For every mask in examples/, random lengths (not tile multiples), random
-// captures, and tile sizes 16..128 along each axis: every tile a list calls
+// captures, and every tile size pair in {16, 32, 64, 128}^2 (the kernels'
+// tiles among them), forward and backward lists: every tile a list calls
 // full must be visible everywhere (by the interpreter, pair by pair), every
 // tile it leaves out must be visible nowhere. Prints, per example, how many
 // tiles the lists call partial although brute force finds them full or
@@ -280,24 +281,6 @@ TEST_P(ExampleTileLists, MatchBruteForce) {
     bool byHead = evaluator.dependsOn(analysis::MaskArgument::Head);
     for (int64_t queryTile : tiles)
       for (int64_t keyTile : tiles) {
-        // Lists derived from a finer list of the other pass (16 x 16 tiles).
-        for (bool forwardIsFine : {false, true}) {
-          int64_t fq = forwardIsFine ? 16 : queryTile, fk = forwardIsFine ? 16 : keyTile;
-          int64_t bq = forwardIsFine ? queryTile : 16, bk = forwardIsFine ? keyTile : 16;
-          analysis::AttentionTileLists both =
-              analysis::buildAttentionTileLists(evaluator, trial.shape, fq, fk, bq, bk);
-          ASSERT_TRUE(both.ok()) << both.error;
-          Tally unused;
-          checkList(both.forward, TileListKind::Forward, trial, visibility, byBatch, byHead, fq,
-                    fk, unused);
-          checkList(both.backward, TileListKind::Backward, trial, visibility, byBatch, byHead, bq,
-                    bk, unused);
-          if (HasFatalFailure()) {
-            ADD_FAILURE() << example.file << " trial " << trialIndex << ": derived lists, forward "
-                          << fq << " x " << fk << ", backward " << bq << " x " << bk;
-            return;
-          }
-        }
         for (TileListKind kind : {TileListKind::Forward, TileListKind::Backward}) {
           analysis::TileListResult built =
               analysis::buildTileList(evaluator, kind, trial.shape, queryTile, keyTile);

@@ -1,9 +1,10 @@
 //===- TileListBench.cpp - time to build the tile lists of a DFlash step --===//
 //
 // One DFlash training step: 512 anchors (blocks of 16 queries, so 8192
-// queries), 8192 context keys + 8192 block keys, batch 1. Builds the
-// forward (128 x 64 tiles) and backward (64 x 64) lists from scratch,
-// evaluator creation included, as the runtime does every step.
+// queries), 8192 context keys + 8192 block keys, batch 1, 32 heads. Times
+// what the runtime does every step, per kernel family: evaluator creation,
+// the forward list (needed before the forward launch), then the backward
+// list (built while the forward kernel runs), each by its own scan.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,13 +14,32 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 
 using namespace dflex;
 
+namespace {
+
+struct Family {
+  const char *name;
+  int64_t forwardQueryTile, forwardKeyTile, backwardQueryTile, backwardKeyTile;
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+} // namespace
+
 int main(int argc, char **argv) {
   const int64_t blocks = 512, blockSize = 16, ctxLen = 8192;
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 200;
+  if (repeats <= 0) {
+    std::fprintf(stderr, "usage: %s [repeats > 0]\n", argv[0]);
+    return 1;
+  }
   auto loaded = test::LoadedModule::fromFile(std::string(DFLEX_EXAMPLES_DIR) + "/dflash.mlir");
   expr::Program program = loaded.program("dflash");
   if (program.instructions.empty())
@@ -41,68 +61,54 @@ int main(int argc, char **argv) {
   shape.queryLength = blocks * blockSize;
   shape.keyLength = ctxLen + blocks * blockSize;
 
-  // Per run: evaluator creation, then both lists (the forward one derived
-  // from the backward one, whose tiles divide it).
-  std::vector<double> create, build, total;
-  analysis::AttentionTileLists lists;
   using Clock = std::chrono::steady_clock;
   auto micros = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::micro>(b - a).count();
   };
-  for (int r = 0; r < repeats; ++r) {
-    auto t0 = Clock::now();
-    auto created = analysis::IntervalEvaluator::create(program, captures);
-    if (!created.ok()) {
-      std::fprintf(stderr, "%s\n", created.error.c_str());
-      return 1;
-    }
-    auto t1 = Clock::now();
-    lists = analysis::buildAttentionTileLists(*created.evaluator, shape, 128, 64, 64, 64);
-    auto t2 = Clock::now();
-    if (!lists.ok()) {
-      std::fprintf(stderr, "%s\n", lists.error.c_str());
-      return 1;
-    }
-    create.push_back(micros(t0, t1));
-    build.push_back(micros(t1, t2));
-    total.push_back(micros(t0, t2));
-  }
-  // Tightness: how many tiles called partial are really full or empty
-  // (only partial tiles need the exact interpreter, pair by pair).
-  std::vector<expr::Value> scratch;
-  auto describe = [&](const char *name, const analysis::TileList &list, bool forward,
-                      int64_t rowTile, int64_t columnTile) {
-    int64_t partial = 0, loose = 0;
-    for (int32_t row = 0; row < list.rowTiles; ++row)
-      for (int32_t n = list.rowOffsets[row]; n < list.rowOffsets[row + 1]; ++n) {
-        if (!(list.entries[n] & 1))
-          continue;
-        ++partial;
-        int64_t column = list.entries[n] >> 1, visible = 0, pairs = 0;
-        int64_t rowLength = forward ? shape.queryLength : shape.keyLength;
-        int64_t columnLength = forward ? shape.keyLength : shape.queryLength;
-        for (int64_t r = row * rowTile; r < std::min((row + 1) * rowTile, rowLength); ++r)
-          for (int64_t c = column * columnTile;
-               c < std::min((column + 1) * columnTile, columnLength); ++c) {
-            visible += expr::evaluateMask(program, 0, 0, forward ? r : c, forward ? c : r,
-                                          captures, scratch);
-            ++pairs;
-          }
-        loose += visible == 0 || visible == pairs;
+  std::printf("DFlash step, %lld queries x %lld keys; median of %d runs:\n",
+              static_cast<long long>(shape.queryLength), static_cast<long long>(shape.keyLength),
+              repeats);
+  for (const Family &family : {Family{"portable", 128, 64, 64, 64},
+                               Family{"hopper", 128, 128, 64, 128}}) {
+    std::vector<double> create, forward, backward, total;
+    int64_t forwardEntries = 0, backwardEntries = 0;
+    for (int r = 0; r < repeats; ++r) {
+      auto t0 = Clock::now();
+      auto created = analysis::IntervalEvaluator::create(program, captures);
+      if (!created.ok()) {
+        std::fprintf(stderr, "%s\n", created.error.c_str());
+        return 1;
       }
-    std::printf("%s: %d x %d tiles, %zu listed, %lld partial (%lld really full or empty), "
-                "%lld evaluations\n",
-                name, list.rowTiles, list.columnTiles, list.entries.size(),
-                static_cast<long long>(partial), static_cast<long long>(loose),
-                static_cast<long long>(list.evaluations));
-  };
-  describe("forward  128x64 (derived from the backward list)", lists.forward, true, 128, 64);
-  describe("backward  64x64", lists.backward, false, 64, 64);
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  std::printf("median over %d runs: evaluator %.1f us, both lists %.1f us, total %.1f us\n",
-              repeats, median(create), median(build), median(total));
+      auto t1 = Clock::now();
+      analysis::TileListResult forwardList =
+          analysis::buildTileList(*created.evaluator, analysis::TileListKind::Forward, shape,
+                                  family.forwardQueryTile, family.forwardKeyTile);
+      auto t2 = Clock::now();
+      analysis::TileListResult backwardList =
+          analysis::buildTileList(*created.evaluator, analysis::TileListKind::Backward, shape,
+                                  family.backwardQueryTile, family.backwardKeyTile);
+      auto t3 = Clock::now();
+      for (const auto *list : {&forwardList, &backwardList})
+        if (!list->ok()) {
+          std::fprintf(stderr, "%s: %s\n", family.name, list->error.c_str());
+          return 1;
+        }
+      create.push_back(micros(t0, t1));
+      forward.push_back(micros(t1, t2));
+      backward.push_back(micros(t2, t3));
+      total.push_back(micros(t0, t3));
+      forwardEntries = static_cast<int64_t>(forwardList.list.entries.size());
+      backwardEntries = static_cast<int64_t>(backwardList.list.entries.size());
+    }
+    std::printf("%-8s forward %lldx%lld (%lld tiles listed), backward %lldx%lld (%lld): "
+                "evaluator %.1f + forward %.1f + backward %.1f us, total %.1f us\n",
+                family.name, static_cast<long long>(family.forwardQueryTile),
+                static_cast<long long>(family.forwardKeyTile),
+                static_cast<long long>(forwardEntries),
+                static_cast<long long>(family.backwardQueryTile),
+                static_cast<long long>(family.backwardKeyTile),
+                static_cast<long long>(backwardEntries), median(create), median(forward),
+                median(backward), median(total));
+  }
   return 0;
 }

@@ -1,8 +1,7 @@
 //===- TileListTest.cpp - tile lists of hand-built masks ------------------===//
 //
 // No MLIR: masks are built instruction by instruction. Covers what the
-// examples do not: masks that read h, empty lengths, errors, and the
-// derivation of one list from another.
+// examples do not: masks that read h, empty lengths and errors.
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,7 +11,8 @@
 
 #include <gtest/gtest.h>
 
-#include <random>
+#include <algorithm>
+#include <string>
 
 using namespace dflex;
 using analysis::AttentionShape;
@@ -59,29 +59,44 @@ std::vector<std::vector<TileClass>> classes(const TileList &list, int64_t h) {
 TEST(TileLists, PerHeadListsWhenTheMaskReadsTheHead) {
   expr::Program program = shiftedCausal();
   auto evaluator = make(program);
-  AttentionShape shape{3, 4, 100, 130};
-  auto built = analysis::buildTileList(*evaluator, TileListKind::Forward, shape, 16, 32);
-  ASSERT_TRUE(built.ok()) << built.error;
-  EXPECT_EQ(built.list.batches, 1); // b is not read
-  EXPECT_EQ(built.list.heads, 4);
+  const int64_t queries = 300, keys = 257;
+  AttentionShape shape{3, 4, queries, keys};
   std::vector<expr::Value> scratch;
-  for (int64_t h = 0; h < 4; ++h) {
-    auto got = classes(built.list, h);
-    for (int64_t qt = 0; qt < built.list.rowTiles; ++qt)
-      for (int64_t kt = 0; kt < built.list.columnTiles; ++kt) {
-        int64_t visible = 0, pairs = 0;
-        for (int64_t q = qt * 16; q < std::min<int64_t>(qt * 16 + 16, 100); ++q)
-          for (int64_t kv = kt * 32; kv < std::min<int64_t>(kt * 32 + 32, 130); ++kv) {
-            visible += expr::evaluateMask(program, 0, h, q, kv, {}, scratch);
-            ++pairs;
+  // Odd tiles, then the portable kernels' (forward 128 x 64, backward
+  // 64 x 64) and the Hopper kernels' (forward 128 x 128, backward 64 x 128).
+  for (auto [queryTile, keyTile] : {std::pair<int64_t, int64_t>{16, 32}, {48, 96}, {128, 64},
+                                    {64, 64}, {128, 128}, {64, 128}})
+    for (TileListKind kind : {TileListKind::Forward, TileListKind::Backward}) {
+      SCOPED_TRACE(std::string(kind == TileListKind::Forward ? "forward " : "backward ") +
+                   std::to_string(queryTile) + " x " + std::to_string(keyTile));
+      auto built = analysis::buildTileList(*evaluator, kind, shape, queryTile, keyTile);
+      ASSERT_TRUE(built.ok()) << built.error;
+      EXPECT_EQ(built.list.batches, 1); // b is not read
+      EXPECT_EQ(built.list.heads, 4);
+      const bool forward = kind == TileListKind::Forward;
+      const int64_t queryTiles = (queries + queryTile - 1) / queryTile;
+      const int64_t keyTiles = (keys + keyTile - 1) / keyTile;
+      ASSERT_EQ(built.list.rowTiles, forward ? queryTiles : keyTiles);
+      ASSERT_EQ(built.list.columnTiles, forward ? keyTiles : queryTiles);
+      for (int64_t h = 0; h < 4; ++h) {
+        auto got = classes(built.list, h);
+        for (int64_t qt = 0; qt < queryTiles; ++qt)
+          for (int64_t kt = 0; kt < keyTiles; ++kt) {
+            int64_t visible = 0, pairs = 0;
+            for (int64_t q = qt * queryTile; q < std::min((qt + 1) * queryTile, queries); ++q)
+              for (int64_t kv = kt * keyTile; kv < std::min((kt + 1) * keyTile, keys); ++kv) {
+                visible += expr::evaluateMask(program, 0, h, q, kv, {}, scratch);
+                ++pairs;
+              }
+            TileClass exact = visible == 0       ? TileClass::Empty
+                              : visible == pairs ? TileClass::Full
+                                                 : TileClass::Partial;
+            // This mask is simple enough for the analysis to be exact.
+            ASSERT_EQ(forward ? got[qt][kt] : got[kt][qt], exact)
+                << "h " << h << " query tile " << qt << ", key tile " << kt;
           }
-        TileClass exact = visible == 0       ? TileClass::Empty
-                          : visible == pairs ? TileClass::Full
-                                             : TileClass::Partial;
-        // This mask is simple enough for the analysis to be exact.
-        ASSERT_EQ(got[qt][kt], exact) << "h " << h << " tile " << qt << ", " << kt;
       }
-  }
+    }
 }
 
 TEST(TileLists, EmptyLengths) {
@@ -113,42 +128,6 @@ TEST(TileLists, BadShapesAreErrors) {
   auto noHeads = analysis::buildTileList(*evaluator, TileListKind::Forward,
                                          AttentionShape{1, 0, 10, 10}, 64, 64);
   EXPECT_NE(noHeads.error.find("batches and heads must be positive"), std::string::npos);
-  auto both = analysis::buildAttentionTileLists(*evaluator, AttentionShape{1, 1, 10, 10}, 64,
-                                                64, -64, 64);
-  EXPECT_NE(both.error.find("backward tile list: tile sizes must be positive"),
-            std::string::npos)
-      << both.error;
-}
-
-TEST(TileLists, DerivedListsMatchDirectOnes) {
-  // For this mask the analysis is exact, so a derived list must equal the
-  // list scanned directly with its own tiles.
-  auto evaluator = make(shiftedCausal());
-  AttentionShape shape{1, 3, 300, 257};
-  auto fine = analysis::buildTileList(*evaluator, TileListKind::Backward, shape, 16, 32);
-  ASSERT_TRUE(fine.ok());
-  for (auto [queryTile, keyTile] : {std::pair<int64_t, int64_t>{16, 32}, {64, 32}, {128, 64},
-                                    {48, 96}}) {
-    auto derived = analysis::transposeTileList(fine.list, queryTile, keyTile);
-    ASSERT_TRUE(derived.ok()) << derived.error;
-    auto direct =
-        analysis::buildTileList(*evaluator, TileListKind::Forward, shape, queryTile, keyTile);
-    ASSERT_TRUE(direct.ok());
-    EXPECT_EQ(derived.list.rowOffsets, direct.list.rowOffsets) << queryTile << " x " << keyTile;
-    EXPECT_EQ(derived.list.entries, direct.list.entries) << queryTile << " x " << keyTile;
-    EXPECT_EQ(derived.list.heads, 3);
-  }
-  auto notUnion = analysis::transposeTileList(fine.list, 24, 32);
-  EXPECT_NE(notUnion.error.find("not unions"), std::string::npos) << notUnion.error;
-  TileList damaged = fine.list;
-  std::swap(damaged.entries[0], damaged.entries[1]); // out of order within the first row
-  ASSERT_GE(damaged.rowOffsets[1], 2);
-  auto unordered = analysis::transposeTileList(damaged, 32, 32);
-  EXPECT_NE(unordered.error.find("inconsistent"), std::string::npos) << unordered.error;
-  damaged = fine.list;
-  damaged.queryLength = 400; // more query tiles than the list has columns
-  auto longer = analysis::transposeTileList(damaged, 32, 32);
-  EXPECT_NE(longer.error.find("inconsistent"), std::string::npos) << longer.error;
 }
 
 TEST(TileLists, ClassifyTile) {
