@@ -7,6 +7,7 @@
 #include "dflex/runtime/Error.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/autograd.h>
 
 #include <cstdlib>
@@ -194,8 +195,8 @@ BoundCaptures bindCaptures(const AttentionKernelSpec &spec,
     }
     if (device) {
       torch::Tensor deviceTensor = t;
-      if (t.is_cpu())
-        deviceTensor = t.to(*device, /*non_blocking=*/true);
+      if (t.is_cpu()) // through pinned memory: an asynchronous copy
+        deviceTensor = t.pin_memory().to(*device, /*non_blocking=*/true);
       else if (t.device() != *device)
         throw FormatError(where + ": is on " + t.device().str() + ", the call runs on " +
                           device->str());
@@ -221,27 +222,21 @@ analysis::AttentionTileLists buildTileLists(const AttentionKernelSpec &spec,
   shape.heads = problem.qHeads;
   shape.queryLength = problem.queryLength;
   shape.keyLength = problem.keyLength;
-  const AttentionLaunch &f = plan.forward.launch, &b = plan.backward.launch;
+  // Each pass's list by its own scan: the forward launches as soon as its
+  // list is there, and the backward's is built while the forward runs.
   analysis::AttentionTileLists lists;
-  if (forward && backward) {
-    // One scan; the other list is derived when one pass's tiles are unions
-    // of the other's (the portable and the Hopper tiles both are).
-    lists = analysis::buildAttentionTileLists(*evaluator.evaluator, shape, f.blockM, f.blockN,
-                                              b.blockM, b.blockN);
-    if (!lists.ok())
-      throw FormatError(where + lists.error);
-    return lists;
-  }
-  if (!forward && !backward)
-    return lists;
-  analysis::TileListResult one =
-      forward ? analysis::buildTileList(*evaluator.evaluator, analysis::TileListKind::Forward,
-                                        shape, f.blockM, f.blockN)
-              : analysis::buildTileList(*evaluator.evaluator, analysis::TileListKind::Backward,
-                                        shape, b.blockM, b.blockN);
-  if (!one.ok())
-    throw FormatError(where + one.error);
-  (forward ? lists.forward : lists.backward) = std::move(one.list);
+  auto build = [&](analysis::TileListKind kind, const AttentionLaunch &launch,
+                   analysis::TileList &into) {
+    analysis::TileListResult one =
+        analysis::buildTileList(*evaluator.evaluator, kind, shape, launch.blockM, launch.blockN);
+    if (!one.ok())
+      throw FormatError(where + one.error);
+    into = std::move(one.list);
+  };
+  if (forward)
+    build(analysis::TileListKind::Forward, plan.forward.launch, lists.forward);
+  if (backward)
+    build(analysis::TileListKind::Backward, plan.backward.launch, lists.backward);
   return lists;
 }
 
@@ -258,7 +253,10 @@ DeviceTileLists uploadTileLists(const analysis::AttentionTileLists &lists,
   DeviceTileLists uploaded;
   if (forwardWords + backwardWords == 0)
     return uploaded;
-  torch::Tensor host = torch::empty({forwardWords + backwardWords}, torch::kInt);
+  // Pinned, so that the copy is asynchronous (PyTorch's host allocator keeps
+  // the buffer until the copy is done).
+  torch::Tensor host = torch::empty({forwardWords + backwardWords},
+                                    torch::TensorOptions().dtype(torch::kInt).pinned_memory(true));
   auto copy = [](const analysis::TileList &list, int32_t *data) {
     const size_t offsets = list.rowOffsets.size();
     std::memcpy(data, list.rowOffsets.data(), offsets * sizeof(int32_t));
@@ -298,6 +296,10 @@ DeviceTileLists callTiles(const AttentionKernelSpec &spec, const BoundCaptures &
                           bool forward, bool backward, const torch::Device &device) {
   if (isEmpty(problem))
     return {};
+  // A named range in torch.profiler traces (host time before a launch).
+  RECORD_FUNCTION(forward ? "dflex::attention_tile_lists (forward)"
+                          : "dflex::attention_tile_lists (backward)",
+                  std::vector<c10::IValue>());
   return uploadTileLists(buildTileLists(spec, captures, problem, plan, forward, backward),
                          device);
 }
@@ -312,8 +314,8 @@ using torch::autograd::tensor_list;
 
 /// Autograd node of the attention op. The bundle travels as its directory
 /// (reopened through the cache in backward); the captures as tensors; on
-/// CUDA the backward tile list is built in forward, while the captures are
-/// on the host anyway.
+/// CUDA the backward tile list is built in forward, after the forward kernel
+/// is launched, while the captures are on the host anyway.
 struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   static tensor_list forward(AutogradContext *ctx, const std::string &bundleDirectory,
                              const std::string &specName, const torch::Tensor &q,
@@ -327,10 +329,16 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
       const AttentionKernelChoice choice = attentionKernelChoice();
       const AttentionKernelPlan plan = devicePlan(*bundle, spec, q.device(), choice);
       BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
-      DeviceTileLists tiles =
-          callTiles(spec, bound, problem, plan, /*forward=*/true, needBackward, q.device());
-      outputs = cudaForward(*bundle, spec, plan, problem, q, k, v, bound, tiles.forward);
+      outputs = cudaForward(*bundle, spec, plan, problem, q, k, v, bound,
+                            callTiles(spec, bound, problem, plan, /*forward=*/true,
+                                      /*backward=*/false, q.device())
+                                .forward);
       ctx->saved_data["kernel_choice"] = static_cast<int64_t>(choice);
+      // Built while the forward kernel runs.
+      const DeviceTileLists tiles =
+          needBackward ? callTiles(spec, bound, problem, plan, /*forward=*/false,
+                                   /*backward=*/true, q.device())
+                       : DeviceTileLists{};
       if (tiles.backward.storage.defined()) {
         ctx->saved_data["backward_tiles"] = tiles.backward.storage;
         ctx->saved_data["backward_tile_shape"] = std::vector<int64_t>{

@@ -14,6 +14,8 @@
 
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
+#include <array>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -140,6 +142,27 @@ torch::Tensor kernelLayout(const torch::Tensor &t) {
   return usable ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
+/// An uninitialised [B, T, H, lastDim] tensor whose dimensions are laid out
+/// in the order of `like`'s (e.g. [B, H, T, D] storage read through a
+/// [B, T, H, D] view), so that outputs and gradients come back in their
+/// inputs' layout and autograd need not copy gradients into the leaves'.
+torch::Tensor emptyInLayoutOf(const torch::Tensor &like, int64_t lastDim,
+                              const torch::TensorOptions &options) {
+  std::array<int64_t, 3> order{0, 1, 2};
+  if (like.stride(3) == 1 && like.is_non_overlapping_and_dense())
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return like.stride(a) > like.stride(b);
+    });
+  std::array<int64_t, 4> inverse{}, sizes{};
+  for (int64_t i = 0; i < 3; ++i) {
+    sizes[i] = like.size(order[i]);
+    inverse[order[i]] = i;
+  }
+  sizes[3] = lastDim;
+  inverse[3] = 3;
+  return torch::empty(sizes, options).permute(inverse);
+}
+
 kernels::TensorStrides stridesOf(const torch::Tensor &t) {
   // A dimension of size 1 is never stepped along: its stride is irrelevant.
   auto stride = [&](int d) { return t.size(d) == 1 ? 0LL : static_cast<long long>(t.stride(d)); };
@@ -197,7 +220,7 @@ AttentionOutputs cudaForward(const KernelBundle &bundle, const AttentionKernelSp
                              const torch::Tensor &v, const BoundCaptures &captures,
                              const DeviceTileList &tiles) {
   AttentionOutputs outputs;
-  outputs.out = torch::empty({p.batch, p.queryLength, p.qHeads, p.vHeadDim}, q.options());
+  outputs.out = emptyInLayoutOf(q, p.vHeadDim, q.options());
   outputs.logSumExp =
       torch::empty({p.batch, p.qHeads, p.queryLength}, q.options().dtype(torch::kFloat));
   if (p.batch == 0 || p.queryLength == 0)
@@ -241,9 +264,9 @@ AttentionGrads cudaBackward(const KernelBundle &bundle, const AttentionKernelSpe
                             const torch::Tensor &logSumExp, const torch::Tensor &gradOut,
                             const BoundCaptures &captures, const DeviceTileList &tiles) {
   AttentionGrads grads;
-  grads.q = torch::empty({p.batch, p.queryLength, p.qHeads, p.qkHeadDim}, q.options());
-  grads.k = torch::empty({p.batch, p.keyLength, p.kvHeads, p.qkHeadDim}, k.options());
-  grads.v = torch::empty({p.batch, p.keyLength, p.kvHeads, p.vHeadDim}, v.options());
+  grads.q = emptyInLayoutOf(q, p.qkHeadDim, q.options());
+  grads.k = emptyInLayoutOf(k, p.qkHeadDim, k.options());
+  grads.v = emptyInLayoutOf(v, p.vHeadDim, v.options());
   if (p.batch == 0)
     return grads;
   if (p.queryLength == 0 || p.keyLength == 0) {
