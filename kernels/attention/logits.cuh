@@ -39,9 +39,49 @@ struct LogitMap {
   }
 
   // Whether the pair takes part: in range, and (in a partial tile) unmasked.
-  // The variant is never called for an out-of-range pair.
+  // Branch-free, so that across a thread's elements the compiler computes the
+  // mask's per-row work (capture reads, divisions) once per row: the mask
+  // always runs, on the pair clamped into range (the variant is never called
+  // with an out-of-range index), and its answer counts only for in-range
+  // pairs of partial tiles.
   __device__ __forceinline__ bool visible(bool partial, int q, int kv, int q_len, int kv_len) const {
-    return q < q_len && kv < kv_len && (!partial || variant.mask(batch, head, q, kv));
+    const bool in_range = (q < q_len) & (kv < kv_len);
+    return in_range & (!partial | variant.mask(batch, head, min(q, q_len - 1), min(kv, kv_len - 1)));
+  }
+
+  // The visibility of a thread's score elements as bits, bit 4 * j + i for
+  // element (j, i) (the pairs of apply below). It depends on positions only,
+  // so a kernel can work it out before the scores exist, while fewer
+  // registers are live.
+  template <int kBlocks>
+  __device__ __forceinline__ unsigned long long visibility(bool partial, int q0, int kv0, int q_len,
+                                                           int kv_len) const {
+    static_assert(4 * kBlocks <= 64, "one bit per element of a 64-bit word");
+    unsigned long long bits = 0;
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        bits |= static_cast<unsigned long long>(visible(partial, q0 + 8 * (i >> 1), kv0 + 8 * j + (i & 1), q_len,
+                                                        kv_len))
+                << (4 * j + i);
+      }
+    }
+    return bits;
+  }
+
+  // apply() with the visibility worked out beforehand.
+  template <int kBlocks>
+  __device__ __forceinline__ void apply_visible(float (&scores)[kBlocks][4], unsigned long long bits, int q0,
+                                                int kv0) const {
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool shown = (bits >> (4 * j + i)) & 1;
+        scores[j][i] = shown ? logit(scores[j][i], q0 + 8 * (i >> 1), kv0 + 8 * j + (i & 1)) : negative_infinity();
+      }
+    }
   }
 
   // Maps a warp's score accumulators in place. Element (j, i) of the thread

@@ -182,11 +182,8 @@ private:
                    slot.field + ".sizes[" + dim + "])";
         offset += (d ? " + " : "") + operand(inst, d) + " * " + slot.field + ".strides[" + dim + "]";
       }
-      std::string element = slot.field + ".data[" + offset + "]";
-      if (slot.elementType == ScalarType::BF16)
-        element = "bf16BitsToFloat(" + element + ")";
-      expression = "(" + inRange + ") ? " + std::string(isFloat ? "(float)" : "(i64)") +
-                   element + " : " + padding;
+      expression = "readOr(" + slot.field + ".data, " + inRange + ", " + offset + ", " +
+                   (isFloat ? "(float)" : "(i64)") + padding + ")";
       break;
     }
     case Opcode::AddI: expression = call("addi", {a(), b(), W}); break;

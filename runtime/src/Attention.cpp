@@ -149,6 +149,37 @@ std::vector<uint8_t> BoundCaptures::packDevice(const AttentionKernelSpec &spec) 
   return std::move(bytes).value();
 }
 
+/// A tensor capture that goes to the device from the host: its index among
+/// the device values and its contiguous host copy.
+struct CaptureUpload {
+  size_t value;
+  torch::Tensor host;
+};
+
+/// Host tensor captures go up in one asynchronous copy, packed 16-byte
+/// aligned into one pinned buffer; each device value then points into the
+/// device copy. An empty tensor gets one zero element there: the kernels
+/// read one element of every tensor capture (sem::readOr).
+void uploadCaptures(const std::vector<CaptureUpload> &uploads, const torch::Device &device,
+                    BoundCaptures &bound) {
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  for (const CaptureUpload &upload : uploads) {
+    offsets.push_back(total);
+    const int64_t bytes = std::max<int64_t>(upload.host.numel(), 1) * upload.host.element_size();
+    total += (bytes + 15) / 16 * 16;
+  }
+  torch::Tensor staging =
+      torch::zeros({total}, torch::TensorOptions().dtype(torch::kByte).pinned_memory(true));
+  for (size_t i = 0; i < uploads.size(); ++i)
+    std::memcpy(staging.data_ptr<uint8_t>() + offsets[i], uploads[i].host.data_ptr(),
+                uploads[i].host.nbytes());
+  const torch::Tensor onDevice = staging.to(device, /*non_blocking=*/true);
+  for (size_t i = 0; i < uploads.size(); ++i)
+    bound.device[uploads[i].value].data = onDevice.data_ptr<uint8_t>() + offsets[i];
+  bound.keepAlive.push_back(onDevice);
+}
+
 BoundCaptures bindCaptures(const AttentionKernelSpec &spec,
                            const std::vector<torch::Tensor> &captures,
                            const std::optional<torch::Device> &device, bool needHost) {
@@ -163,6 +194,7 @@ BoundCaptures bindCaptures(const AttentionKernelSpec &spec,
                       std::to_string(captures.size()));
   }
   BoundCaptures bound;
+  std::vector<CaptureUpload> uploads;
   for (size_t i = 0; i < captures.size(); ++i) {
     const codegen::CaptureSlot &slot = spec.layout.captures[i];
     const torch::Tensor &t = captures[i];
@@ -194,16 +226,21 @@ BoundCaptures bindCaptures(const AttentionKernelSpec &spec,
       bound.keepAlive.push_back(hostTensor);
     }
     if (device) {
-      torch::Tensor deviceTensor = t;
-      if (t.is_cpu()) // through pinned memory: an asynchronous copy
-        deviceTensor = t.pin_memory().to(*device, /*non_blocking=*/true);
-      else if (t.device() != *device)
+      if (t.is_cuda() && t.device() != *device)
         throw FormatError(where + ": is on " + t.device().str() + ", the call runs on " +
                           device->str());
-      bound.device.push_back(tensorValue(deviceTensor, slot.elementType));
-      bound.keepAlive.push_back(deviceTensor);
+      if (t.is_cpu() || t.numel() == 0) {
+        const torch::Tensor host = t.cpu().contiguous();
+        uploads.push_back({bound.device.size(), host});
+        bound.device.push_back(tensorValue(host, slot.elementType)); // data: set on upload
+      } else {
+        bound.device.push_back(tensorValue(t, slot.elementType));
+        bound.keepAlive.push_back(t);
+      }
     }
   }
+  if (!uploads.empty())
+    uploadCaptures(uploads, *device, bound);
   return bound;
 }
 
@@ -348,6 +385,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
       BoundCaptures bound = bindCaptures(spec, captures, std::nullopt, /*needHost=*/true);
       outputs = referenceForward(spec, problem, q, k, v, bound);
     }
+    ctx->set_materialize_grads(false); // no zeros for the lse's missing gradient
     ctx->save_for_backward({q, k, v, outputs.out, outputs.logSumExp});
     ctx->saved_data["bundle"] = bundleDirectory;
     ctx->saved_data["spec"] = specName;

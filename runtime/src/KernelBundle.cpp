@@ -321,35 +321,46 @@ std::shared_ptr<const KernelBundle> KernelBundle::open(const std::string &direct
 }
 
 std::shared_ptr<const KernelBundle> KernelBundle::openCached(const std::string &directory) {
+  // The manifest's identity: inode, size and modification time.
+  struct Identity {
+    int64_t inode = -1, size = -1, modifiedNs = -1;
+    bool operator==(const Identity &other) const {
+      return inode == other.inode && size == other.size && modifiedNs == other.modifiedNs;
+    }
+  };
   struct Entry {
-    int64_t inode = -1;
-    int64_t size = -1;
-    int64_t modifiedNs = -1;
+    Identity identity;
     std::shared_ptr<const KernelBundle> bundle;
   };
   static std::mutex mutex;
-  static std::map<std::string, Entry> *cache = new std::map<std::string, Entry>();
+  // By the directory as the caller spells it (every op call: one stat), and
+  // by its canonical path (on a miss), so that spellings of one directory
+  // share a bundle and its loaded modules.
+  static std::map<std::string, Entry> *bySpelling = new std::map<std::string, Entry>();
+  static std::map<std::string, Entry> *byPath = new std::map<std::string, Entry>();
 
-  std::error_code error;
-  std::string key = std::filesystem::weakly_canonical(directory, error).string();
-  if (error)
-    key = directory;
   struct stat info {};
-  const std::string manifestPath = (std::filesystem::path(key) / "manifest.json").string();
+  const std::string manifestPath = (std::filesystem::path(directory) / "manifest.json").string();
   if (::stat(manifestPath.c_str(), &info) != 0)
     return open(directory); // reports the missing manifest
-  const int64_t modifiedNs = int64_t(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
+  const Identity identity{static_cast<int64_t>(info.st_ino), static_cast<int64_t>(info.st_size),
+                          int64_t(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec};
 
   std::lock_guard<std::mutex> lock(mutex);
-  Entry &entry = (*cache)[key];
-  if (!entry.bundle || entry.inode != int64_t(info.st_ino) ||
-      entry.size != int64_t(info.st_size) || entry.modifiedNs != modifiedNs) {
-    entry.bundle = open(key);
-    entry.inode = info.st_ino;
-    entry.size = info.st_size;
-    entry.modifiedNs = modifiedNs;
+  Entry &spelled = (*bySpelling)[directory];
+  if (spelled.bundle && spelled.identity == identity)
+    return spelled.bundle;
+  std::error_code error;
+  std::string path = std::filesystem::weakly_canonical(directory, error).string();
+  if (error)
+    path = directory;
+  Entry &canonical = (*byPath)[path];
+  if (!canonical.bundle || !(canonical.identity == identity)) {
+    canonical.bundle = open(path);
+    canonical.identity = identity;
   }
-  return entry.bundle;
+  spelled = canonical;
+  return spelled.bundle;
 }
 
 KernelImage KernelBundle::kernelImage(const AttentionKernelSpec &spec,

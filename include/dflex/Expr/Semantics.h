@@ -206,6 +206,22 @@ DFLEX_SEM_FN float roundF16(float f) {
 DFLEX_SEM_FN float bf16BitsToFloat(bf16_bits bits) {
   return bitsFloat(static_cast<unsigned>(bits) << 16);
 }
+/// A tensor capture's element as the program reads it: `offset`'s element
+/// when `inBounds`, else `padding`. The load itself is unconditional (element
+/// 0 stands in for an out-of-bounds index), so that the compiler can share
+/// it among mask calls that read the same element, e.g. the elements of a
+/// row; a capture's data therefore points at one readable element at least,
+/// also when the tensor is empty.
+template <class Result, class Element>
+DFLEX_SEM_FN Result readOr(const Element *data, bool inBounds, i64 offset, Result padding) {
+  const Element element = data[inBounds ? offset : 0];
+  return inBounds ? static_cast<Result>(element) : padding;
+}
+DFLEX_SEM_FN float readOr(const bf16_bits *data, bool inBounds, i64 offset, float padding) {
+  const bf16_bits element = data[inBounds ? offset : 0];
+  return inBounds ? bf16BitsToFloat(element) : padding;
+}
+
 /// A scalar f32 capture travels in an 8-byte slot holding its bit pattern.
 DFLEX_SEM_FN float slotFloat(i64 slot) { return bitsFloat(static_cast<unsigned>(slot)); }
 

@@ -5,10 +5,11 @@
 //
 // Per consumer warpgroup (64 query rows) and listed key tile j:
 //   S(j) = Q K(j)^T          wgmma, Q and K from shared memory, issued with ...
-//   O += P(j-1) V(j-1)       ... wgmma, P from registers
-//   softmax(S(j)) -> P(j)    online softmax, then O is rescaled to the new maxima
-// The two warpgroups take turns issuing their products (ping-pong), so the
-// tensor cores work for one while the other runs its softmax.
+//   O += P(j-1) V(j-1)       ... wgmma, P from registers, which runs on while
+//   softmax(S(j)) -> P(j)    the online softmax turns S(j) into P(j) (a second
+//                            P buffer); then O is rescaled to the new maxima
+// The two warpgroups also take turns issuing their products (ping-pong), so
+// the tensor cores work for one while the other runs its softmax.
 #pragma once
 
 #include "../logits.cuh"
@@ -67,7 +68,8 @@ struct Sm90ForwardConsumer {
   float out[kOutBlocks][4];
   float row_max[2];  // log2 units, rows thread_q and thread_q + 8
   float row_sum[2];  // this thread's partial sums of the same rows
-  unsigned p[kKeySteps][4];
+
+  using PTile = unsigned[kKeySteps][4];  // P of one key tile, the A operand of P V
 
   // S(j) = Q K(j)^T, issued and committed.
   __device__ __forceinline__ void issue_scores(int j, float (&scores)[kScoreBlocks][4]) const {
@@ -84,7 +86,7 @@ struct Sm90ForwardConsumer {
   }
 
   // O += P V(j) with the P of key tile j, issued and committed.
-  __device__ __forceinline__ void issue_values(int j) {
+  __device__ __forceinline__ void issue_values(int j, const PTile& p) {
     const int stage = j % kStages;
     mbarrier_wait(smem.v_full(stage), (j / kStages) & 1);
     fence_proxy_async();
@@ -97,15 +99,36 @@ struct Sm90ForwardConsumer {
     wgmma_commit();
   }
 
-  // Logits of S(j), new row maxima and sums; P(j) into next_p and the factor
-  // that rescales O into `correction`.
-  __device__ __forceinline__ void softmax(int j, float (&scores)[kScoreBlocks][4], float (&correction)[2],
-                                          unsigned (&next_p)[kKeySteps][4]) {
+  // Whether key tile j needs the per-pair visibility test: partial tiles and
+  // tiles crossing a sequence end.
+  __device__ __forceinline__ bool checked(int j) const {
     const int entry = entries[j];
-    const int kv_start = tile_entry_index(entry) * kBlockN;
-    // Partial tiles and tiles crossing a sequence end test every pair.
-    const bool checked = tile_entry_partial(entry) || query_edge || kv_start + kBlockN > kv_len;
-    logits.apply(scores, checked, tile_entry_partial(entry), thread_q, kv_start + 2 * (lane & 3), q_len, kv_len);
+    return tile_entry_partial(entry) || query_edge || (tile_entry_index(entry) + 1) * kBlockN > kv_len;
+  }
+
+  // The first key of this thread's score columns in key tile j.
+  __device__ __forceinline__ int first_key(int j) const {
+    return tile_entry_index(entries[j]) * kBlockN + 2 * (lane & 3);
+  }
+
+  // Visibility bits of key tile j's pairs (all set for an unchecked tile).
+  template <bool kChecked>
+  __device__ __forceinline__ unsigned long long visibility(int j) const {
+    if constexpr (!kChecked) return ~0ull;
+    return logits.template visibility<kScoreBlocks>(tile_entry_partial(entries[j]), thread_q, first_key(j), q_len,
+                                                    kv_len);
+  }
+
+  // Logits of S(j) (pairs not in `visible` hidden), new row maxima and sums;
+  // P(j) into next_p and the factor that rescales O into `correction`.
+  template <bool kChecked>
+  __device__ __forceinline__ void softmax(int j, float (&scores)[kScoreBlocks][4], unsigned long long visible,
+                                          float (&correction)[2], PTile& next_p) {
+    if constexpr (kChecked) {
+      logits.apply_visible(scores, visible, thread_q, first_key(j));
+    } else {
+      logits.apply(scores, false, false, thread_q, first_key(j), q_len, kv_len);
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float tile_max = row_max[half];
@@ -136,48 +159,106 @@ struct Sm90ForwardConsumer {
     }
   }
 
+  __device__ __forceinline__ void rescale(const float (&correction)[2]) {
+#pragma unroll
+    for (int b = 0; b < kOutBlocks; ++b) {
+      out[b][0] *= correction[0];
+      out[b][1] *= correction[0];
+      out[b][2] *= correction[1];
+      out[b][3] *= correction[1];
+    }
+  }
+
   // Ping-pong between the two consumer warpgroups: a warpgroup issues its
   // products only after the other one has issued its previous batch, so the
   // tensor cores run one warpgroup's products while the other does its softmax.
   __device__ __forceinline__ void wait_turn() const { named_barrier_sync(kTurnBarrier + warpgroup, 256); }
   __device__ __forceinline__ void pass_turn() const { named_barrier_arrive(kTurnBarrier + (warpgroup ^ 1), 256); }
 
-  // All `count` listed key tiles: per tile j, S(j) and P(j-1) V(j-1) are
-  // issued together and both complete before the softmax of S(j). No wgmma is
-  // in flight across a branch: a run-time branch between a wgmma and its wait
-  // makes the compiler serialise every wgmma of the kernel.
+  // Key tile 0: S(0), its softmax into P(0).
+  template <bool kChecked>
+  __device__ __forceinline__ void first_tile(PTile& p) {
+    const unsigned long long visible = visibility<kChecked>(0);
+    float scores[kScoreBlocks][4];
+    float correction[2];
+    wait_turn();
+    issue_scores(0, scores);
+    pass_turn();
+    wgmma_wait<0>();
+    register_fence(scores);
+    mbarrier_arrive(smem.k_empty(0));
+    softmax<kChecked>(0, scores, visible, correction, p);
+  }
+
+  // Key tile j >= 1: S(j) and P(j-1) V(j-1) issued together; the softmax of
+  // S(j) into next_p runs while P(j-1) V(j-1) is still on the tensor cores.
+  template <bool kChecked>
+  __device__ __forceinline__ void next_tile(int j, const PTile& p, PTile& next_p) {
+    const unsigned long long visible = visibility<kChecked>(j);  // before the products: fewer live registers
+    float scores[kScoreBlocks][4];
+    float correction[2];
+    wait_turn();
+    issue_scores(j, scores);
+    issue_values(j - 1, p);
+    pass_turn();
+    wgmma_wait<1>();  // S(j) is done
+    register_fence(scores);
+    mbarrier_arrive(smem.k_empty(j % kStages));  // K(j) is free as soon as S(j) is done
+    softmax<kChecked>(j, scores, visible, correction, next_p);
+    wgmma_wait<0>();
+    register_fence(out);
+    register_keep(p);  // p's registers stay P(j-1)'s until its product is done
+    mbarrier_arrive(smem.v_empty((j - 1) % kStages));
+    rescale(correction);
+  }
+
+  // The last P V, once every key tile's softmax is done.
+  __device__ __forceinline__ void last_values(int j, const PTile& p) {
+    issue_values(j, p);
+    wgmma_wait<0>();
+    register_fence(out);
+    register_keep(p);
+    mbarrier_arrive(smem.v_empty(j % kStages));
+  }
+
+  // All `count` listed key tiles. No wgmma is in flight across a run-time
+  // branch (one makes the compiler serialise every wgmma of the kernel): the
+  // choice between the checked and unchecked softmax is made before a tile's
+  // products are issued, and the two P buffers alternate by unrolling by two.
   __device__ __forceinline__ void run(int count) {
     zero(out);
     row_max[0] = row_max[1] = negative_infinity();
     row_sum[0] = row_sum[1] = 0.f;
     mbarrier_wait(smem.q_full(), 0);
-    for (int j = 0; j < count; ++j) {
-      float scores[kScoreBlocks][4];
-      float correction[2];
-      wait_turn();
-      issue_scores(j, scores);
-      if (j > 0) issue_values(j - 1);
-      pass_turn();
-      wgmma_wait<0>();
-      register_fence(scores);
-      register_fence(out);
-      // K(j) is free as soon as S(j) is done; V(j - 1) once P(j-1) V(j-1) is.
-      mbarrier_arrive(smem.k_empty(j % kStages));
-      if (j > 0) mbarrier_arrive(smem.v_empty((j - 1) % kStages));
-      softmax(j, scores, correction, p);
-#pragma unroll
-      for (int b = 0; b < kOutBlocks; ++b) {
-        out[b][0] *= correction[0];
-        out[b][1] *= correction[0];
-        out[b][2] *= correction[1];
-        out[b][3] *= correction[1];
+    if (count == 0) return;
+    PTile p_even, p_odd;  // P of the even and of the odd key tiles
+    if (checked(0)) {
+      first_tile<true>(p_even);
+    } else {
+      first_tile<false>(p_even);
+    }
+    int j = 1;
+    for (; j + 1 < count; j += 2) {
+      if (checked(j)) {
+        next_tile<true>(j, p_even, p_odd);
+      } else {
+        next_tile<false>(j, p_even, p_odd);
+      }
+      if (checked(j + 1)) {
+        next_tile<true>(j + 1, p_odd, p_even);
+      } else {
+        next_tile<false>(j + 1, p_odd, p_even);
       }
     }
-    if (count > 0) {
-      issue_values(count - 1);
-      wgmma_wait<0>();
-      register_fence(out);
-      mbarrier_arrive(smem.v_empty((count - 1) % kStages));
+    if (j < count) {  // an even count: tile count - 1 is odd
+      if (checked(j)) {
+        next_tile<true>(j, p_even, p_odd);
+      } else {
+        next_tile<false>(j, p_even, p_odd);
+      }
+      last_values(j, p_odd);
+    } else {
+      last_values(j - 1, p_even);
     }
   }
 };

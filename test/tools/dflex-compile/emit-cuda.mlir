@@ -31,10 +31,11 @@ dflex.attention @layer mask @window score_mod @softcap heads(8, 2) head_dim(64, 
 // CHECK-NEXT:    // capture 'cap' at byte 32
 // CHECK-NEXT:    long long cap2_cap;
 
-// The mask reads with a bounds check and the padding value.
+// The mask reads with a bounds check and the padding value (the load itself
+// unconditional, so that calls reading the same element can share it).
 // CHECK-LABEL: bool mask(long long b, long long h, long long q_idx, long long kv_idx) const {
 // CHECK:         = subi(v{{[0-9]+}}, v{{[0-9]+}}, 64);
-// CHECK:         = (inRange(v{{[0-9]+}}, cap1_ids.sizes[0])) ? (i64)cap1_ids.data[v{{[0-9]+}} * cap1_ids.strides[0]] : -1LL;
+// CHECK:         = readOr(cap1_ids.data, inRange(v{{[0-9]+}}, cap1_ids.sizes[0]), v{{[0-9]+}} * cap1_ids.strides[0], (i64)-1LL);
 // CHECK:         return v{{[0-9]+}} != 0;
 
 // CHECK-LABEL: float score_mod(float score,
