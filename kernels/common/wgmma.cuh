@@ -79,20 +79,29 @@ struct Sw128Tile {
 // contiguous elements, `row_stride` elements apart) into the tile at shared
 // address `tile`; rows at or past `valid_rows` are zero-filled and not read.
 // Called by kThreads threads (thread = 0 .. kThreads - 1); consecutive threads
-// copy consecutive 16-byte chunks of a row.
+// copy consecutive 16-byte chunks of a row. A thread copies the same chunk
+// column in every pass over the tile, kRowsPerPass rows further each time,
+// so its shared offset (the swizzle repeats every 8 rows) and its global
+// address advance by constants: a few instructions per copy, which matters
+// because the producer warps share issue slots with the consumers.
 template <class Tile, int kThreads, class Element>
 __device__ __forceinline__ void load_tile_async(unsigned tile, const Element* rows, long long row_stride,
                                                 int valid_rows, int thread) {
   constexpr int kChunksPerRow = Tile::kCols / 8;
-  constexpr int kChunks = Tile::kRows * kChunksPerRow;
-  static_assert(kChunks % kThreads == 0, "tile chunks must split evenly over the threads");
-#pragma unroll 4
-  for (int i = 0; i < kChunks / kThreads; ++i) {
-    const int chunk = thread + i * kThreads;
-    const int row = chunk / kChunksPerRow;
-    const int col = (chunk % kChunksPerRow) * 8;
-    const bool valid = row < valid_rows;
-    cp_async_16(tile + Tile::offset(row, col), valid ? rows + row * row_stride + col : rows, valid);
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && kRowsPerPass % 8 == 0 && Tile::kRows % kRowsPerPass == 0,
+                "each thread keeps one chunk column and one swizzle row in every pass");
+  const int row0 = thread / kChunksPerRow;
+  const int col = (thread % kChunksPerRow) * 8;
+  const unsigned destination = tile + Tile::offset(row0, col);
+  const Element* source = rows + row0 * row_stride + col;
+  const long long pass_stride = kRowsPerPass * row_stride;
+#pragma unroll
+  for (int pass = 0; pass < Tile::kRows / kRowsPerPass; ++pass) {
+    // A row past valid_rows is not read (zero source bytes): its address may
+    // lie past the matrix.
+    cp_async_16(destination + pass * kRowsPerPass * 128, source + pass * pass_stride,
+                row0 + pass * kRowsPerPass < valid_rows);
   }
 }
 
