@@ -477,6 +477,9 @@ TEST(KernelBundle, CacheReopensARewrittenBundle) {
   auto second = KernelBundle::openCached(dir.path().string());
   EXPECT_NE(first, second);
   EXPECT_FLOAT_EQ(second->attention("windowed").scale, 0.5f);
+  // The other spelling sees the rewrite too, and shares the reopened bundle.
+  EXPECT_EQ(second, KernelBundle::openCached(dir.path().string() + "/"));
+  EXPECT_EQ(second, KernelBundle::openCached(dir.path().string() + "/."));
 }
 
 // --- Captures and tile lists ------------------------------------------------
