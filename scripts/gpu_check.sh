@@ -4,7 +4,8 @@
 # benchmarks, and prints a short table last. Needs the bundles made by
 # scripts/prepare_gpu.sh in .device/bundles. Logs go to $OUT (or /tmp/dflex-gpu).
 # DFLEX_SKIP_CHECKS=1 runs only the benchmarks, DFLEX_SKIP_BENCH=1 only the checks
-# (the two halves fit one device call each).
+# (the two halves fit one device call each); DFLEX_SANITIZE=1 adds
+# compute-sanitizer memcheck and racecheck on the kernel harness.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -39,8 +40,12 @@ step build build_runtime
   step gated_delta_kernels make -C test/gpu/gated_delta run BUILD_DIR="$root/build-gpu-gdn"
 [ "${DFLEX_SKIP_CHECKS:-0}" = 1 ] || [ ! -f test/gpu/runtime/run.sh ] ||
   step runtime_attention bash test/gpu/runtime/run.sh build-gpu .device/bundles
+[ "${DFLEX_SANITIZE:-0}" = 0 ] ||
+  step attention_sanitizer make -C test/gpu/attention sanitize BUILD_DIR="$root/build-gpu-attention"
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step attention_bench python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles ${DFLEX_BENCH_ARGS:-}
+[ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
+  step attention_profile python3 bench/attention_profile.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles
 # FLA's public source, fetched into a git-ignored folder for the side-by-side baseline.
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] || [ ! -d third_party_bench/fla-src ] ||
   step gated_delta_fla_bench python3 bench/gdn_fla_bench.py third_party_bench/fla-src
@@ -48,6 +53,7 @@ step build build_runtime
 echo
 echo "== tables"
 grep -h '^|' "$logs/attention_bench.log" 2>/dev/null
+grep -h -A8 '^| kernel' "$logs/attention_profile.log" 2>/dev/null
 grep -h '"impl": "fla"' "$logs/gated_delta_fla_bench.log" 2>/dev/null
 grep -hiE 'ms|x ' "$logs/gated_delta_kernels.log" 2>/dev/null | tail -n 8
 echo
