@@ -277,47 +277,24 @@ analysis::AttentionTileLists buildTileLists(const AttentionKernelSpec &spec,
   return lists;
 }
 
-DeviceTileLists uploadTileLists(const analysis::AttentionTileLists &lists,
-                                const torch::Device &device) {
-  // Each list built: row offsets then entries (at least one, so the pointer
-  // is valid), back to back in one host tensor and one copy.
-  auto built = [](const analysis::TileList &list) { return !list.rowOffsets.empty(); };
-  auto words = [](const analysis::TileList &list) {
-    return static_cast<int64_t>(list.rowOffsets.size() + std::max<size_t>(list.entries.size(), 1));
-  };
-  const int64_t forwardWords = built(lists.forward) ? words(lists.forward) : 0;
-  const int64_t backwardWords = built(lists.backward) ? words(lists.backward) : 0;
-  DeviceTileLists uploaded;
-  if (forwardWords + backwardWords == 0)
-    return uploaded;
-  // Pinned, so that the copy is asynchronous (PyTorch's host allocator keeps
-  // the buffer until the copy is done).
-  torch::Tensor host = torch::empty({forwardWords + backwardWords},
-                                    torch::TensorOptions().dtype(torch::kInt).pinned_memory(true));
-  auto copy = [](const analysis::TileList &list, int32_t *data) {
-    const size_t offsets = list.rowOffsets.size();
-    std::memcpy(data, list.rowOffsets.data(), offsets * sizeof(int32_t));
-    data[offsets] = 0;
-    std::memcpy(data + offsets, list.entries.data(), list.entries.size() * sizeof(int32_t));
-  };
-  if (forwardWords)
-    copy(lists.forward, host.data_ptr<int32_t>());
-  if (backwardWords)
-    copy(lists.backward, host.data_ptr<int32_t>() + forwardWords);
-  const torch::Tensor storage = host.to(device, /*non_blocking=*/true);
-  auto view = [&](const analysis::TileList &list, int64_t start, int64_t length) {
-    DeviceTileList tiles;
-    tiles.storage = storage.narrow(0, start, length);
-    tiles.batches = list.batches;
-    tiles.heads = list.heads;
-    tiles.rowTiles = list.rowTiles;
-    return tiles;
-  };
-  if (forwardWords)
-    uploaded.forward = view(lists.forward, 0, forwardWords);
-  if (backwardWords)
-    uploaded.backward = view(lists.backward, forwardWords, backwardWords);
-  return uploaded;
+DeviceTileList uploadTileList(const analysis::TileList &list, const torch::Device &device) {
+  // Row offsets then entries (at least one, so the pointer is valid), from
+  // pinned memory, so that the copy is asynchronous (PyTorch's host
+  // allocator keeps the buffer until the copy is done).
+  const size_t offsets = list.rowOffsets.size();
+  torch::Tensor host =
+      torch::empty({static_cast<int64_t>(offsets + std::max<size_t>(list.entries.size(), 1))},
+                   torch::TensorOptions().dtype(torch::kInt).pinned_memory(true));
+  int32_t *data = host.data_ptr<int32_t>();
+  std::memcpy(data, list.rowOffsets.data(), offsets * sizeof(int32_t));
+  data[offsets] = 0;
+  std::memcpy(data + offsets, list.entries.data(), list.entries.size() * sizeof(int32_t));
+  DeviceTileList tiles;
+  tiles.storage = host.to(device, /*non_blocking=*/true);
+  tiles.batches = list.batches;
+  tiles.heads = list.heads;
+  tiles.rowTiles = list.rowTiles;
+  return tiles;
 }
 
 namespace {
@@ -326,19 +303,21 @@ bool isEmpty(const AttentionProblem &p) {
   return p.batch == 0 || p.queryLength == 0 || p.keyLength == 0;
 }
 
-/// The device tile lists of one call (nothing for an empty problem, which
-/// the CUDA path answers without kernels).
-DeviceTileLists callTiles(const AttentionKernelSpec &spec, const BoundCaptures &captures,
-                          const AttentionProblem &problem, const AttentionKernelPlan &plan,
-                          bool forward, bool backward, const torch::Device &device) {
+/// The device tile list of one pass of a call (nothing for an empty
+/// problem, which the CUDA path answers without kernels).
+DeviceTileList callTiles(const AttentionKernelSpec &spec, const BoundCaptures &captures,
+                         const AttentionProblem &problem, const AttentionKernelPlan &plan,
+                         analysis::TileListKind pass, const torch::Device &device) {
   if (isEmpty(problem))
     return {};
+  const bool forward = pass == analysis::TileListKind::Forward;
   // A named range in torch.profiler traces (host time before a launch).
   RECORD_FUNCTION(forward ? "dflex::attention_tile_lists (forward)"
                           : "dflex::attention_tile_lists (backward)",
                   std::vector<c10::IValue>());
-  return uploadTileLists(buildTileLists(spec, captures, problem, plan, forward, backward),
-                         device);
+  const analysis::AttentionTileLists lists =
+      buildTileLists(spec, captures, problem, plan, forward, !forward);
+  return uploadTileList(forward ? lists.forward : lists.backward, device);
 }
 
 AttentionKernelPlan devicePlan(const KernelBundle &bundle, const AttentionKernelSpec &spec,
@@ -366,20 +345,19 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
       const AttentionKernelChoice choice = attentionKernelChoice();
       const AttentionKernelPlan plan = devicePlan(*bundle, spec, q.device(), choice);
       BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
-      outputs = cudaForward(*bundle, spec, plan, problem, q, k, v, bound,
-                            callTiles(spec, bound, problem, plan, /*forward=*/true,
-                                      /*backward=*/false, q.device())
-                                .forward);
+      outputs = cudaForward(
+          *bundle, spec, plan, problem, q, k, v, bound,
+          callTiles(spec, bound, problem, plan, analysis::TileListKind::Forward, q.device()));
       ctx->saved_data["kernel_choice"] = static_cast<int64_t>(choice);
       // Built while the forward kernel runs.
-      const DeviceTileLists tiles =
-          needBackward ? callTiles(spec, bound, problem, plan, /*forward=*/false,
-                                   /*backward=*/true, q.device())
-                       : DeviceTileLists{};
-      if (tiles.backward.storage.defined()) {
-        ctx->saved_data["backward_tiles"] = tiles.backward.storage;
-        ctx->saved_data["backward_tile_shape"] = std::vector<int64_t>{
-            tiles.backward.batches, tiles.backward.heads, tiles.backward.rowTiles};
+      const DeviceTileList tiles =
+          needBackward ? callTiles(spec, bound, problem, plan, analysis::TileListKind::Backward,
+                                   q.device())
+                       : DeviceTileList{};
+      if (tiles.storage.defined()) {
+        ctx->saved_data["backward_tiles"] = tiles.storage;
+        ctx->saved_data["backward_tile_shape"] =
+            std::vector<int64_t>{tiles.batches, tiles.heads, tiles.rowTiles};
       }
     } else {
       BoundCaptures bound = bindCaptures(spec, captures, std::nullopt, /*needHost=*/true);
@@ -447,10 +425,9 @@ AttentionOutputs attentionForward(const KernelBundle &bundle, const AttentionKer
                             bindCaptures(spec, captures, std::nullopt, /*needHost=*/true));
   const AttentionKernelPlan plan = devicePlan(bundle, spec, q.device(), attentionKernelChoice());
   BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
-  return cudaForward(bundle, spec, plan, problem, q, k, v, bound,
-                     callTiles(spec, bound, problem, plan, /*forward=*/true,
-                               /*backward=*/false, q.device())
-                         .forward);
+  return cudaForward(
+      bundle, spec, plan, problem, q, k, v, bound,
+      callTiles(spec, bound, problem, plan, analysis::TileListKind::Forward, q.device()));
 }
 
 AttentionGrads attentionBackward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
@@ -481,10 +458,9 @@ AttentionGrads attentionBackward(const KernelBundle &bundle, const AttentionKern
     throw FormatError(where + "o and grad_o must have the dtype of q, lse must be float32");
   const AttentionKernelPlan plan = devicePlan(bundle, spec, q.device(), attentionKernelChoice());
   BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
-  return cudaBackward(bundle, spec, plan, problem, q, k, v, out, logSumExp, gradOut, bound,
-                      callTiles(spec, bound, problem, plan, /*forward=*/false,
-                                /*backward=*/true, q.device())
-                          .backward);
+  return cudaBackward(
+      bundle, spec, plan, problem, q, k, v, out, logSumExp, gradOut, bound,
+      callTiles(spec, bound, problem, plan, analysis::TileListKind::Backward, q.device()));
 }
 
 AttentionOutputs attention(const std::string &bundleDirectory, const std::string &specName,

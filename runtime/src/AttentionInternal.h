@@ -80,13 +80,8 @@ struct DeviceTileList {
   int64_t rowTiles = 0;
 };
 
-struct DeviceTileLists {
-  DeviceTileList forward, backward;
-};
-
-/// Uploads the lists `buildTileLists` built, both in one copy.
-DeviceTileLists uploadTileLists(const analysis::AttentionTileLists &lists,
-                                const torch::Device &device);
+/// Copies one list `buildTileLists` built to `device`, without blocking.
+DeviceTileList uploadTileList(const analysis::TileList &list, const torch::Device &device);
 
 // CUDA path (AttentionCuda.cpp).
 
