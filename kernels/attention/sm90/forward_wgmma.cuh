@@ -212,6 +212,23 @@ struct Sm90ForwardConsumer {
     rescale(correction);
   }
 
+  // Key tile 0 and key tile j >= 1 with the softmax the tile needs, chosen
+  // before its products are issued.
+  __device__ __forceinline__ void first(PTile& p) {
+    if (checked(0)) {
+      first_tile<true>(p);
+    } else {
+      first_tile<false>(p);
+    }
+  }
+  __device__ __forceinline__ void next(int j, const PTile& p, PTile& next_p) {
+    if (checked(j)) {
+      next_tile<true>(j, p, next_p);
+    } else {
+      next_tile<false>(j, p, next_p);
+    }
+  }
+
   // The last P V, once every key tile's softmax is done.
   __device__ __forceinline__ void last_values(int j, const PTile& p) {
     issue_values(j, p);
@@ -232,30 +249,14 @@ struct Sm90ForwardConsumer {
     mbarrier_wait(smem.q_full(), 0);
     if (count == 0) return;
     PTile p_even, p_odd;  // P of the even and of the odd key tiles
-    if (checked(0)) {
-      first_tile<true>(p_even);
-    } else {
-      first_tile<false>(p_even);
-    }
+    first(p_even);
     int j = 1;
     for (; j + 1 < count; j += 2) {
-      if (checked(j)) {
-        next_tile<true>(j, p_even, p_odd);
-      } else {
-        next_tile<false>(j, p_even, p_odd);
-      }
-      if (checked(j + 1)) {
-        next_tile<true>(j + 1, p_odd, p_even);
-      } else {
-        next_tile<false>(j + 1, p_odd, p_even);
-      }
+      next(j, p_even, p_odd);
+      next(j + 1, p_odd, p_even);
     }
     if (j < count) {  // an even count: tile count - 1 is odd
-      if (checked(j)) {
-        next_tile<true>(j, p_even, p_odd);
-      } else {
-        next_tile<false>(j, p_even, p_odd);
-      }
+      next(j, p_even, p_odd);
       last_values(j, p_odd);
     } else {
       last_values(j - 1, p_even);
