@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """dflex attention against torch.compile'd flex_attention, in one process.
 
-usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--quick] [--kernels LIST]
+usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--quick | --dflash-only] [--kernels LIST]
 
 BUNDLES_DIR holds one bundle per example (dflex-compile output). For each
 shape: forward and forward+backward time (CUDA events; calls back to back,
@@ -12,6 +12,9 @@ create_block_mask, and a recompile per new anchor count). Both sides get
 their mask inputs ready before timing: flex its block mask, dflex its
 captures on the host (where a data loader hands them over); dflex's tile
 lists are built inside every timed call. Prints JSON rows and tables last.
+
+--quick leaves out the causal shapes; --dflash-only measures the DFlash
+shape alone.
 
 --kernels LIST: comma-separated DFLEX_ATTENTION_KERNELS values (auto,
 portable, sm90); dflex is measured once per value, against the same flex
@@ -31,6 +34,7 @@ from timing import median_ms, steady_ms
 
 LIB, BUNDLES = sys.argv[1], sys.argv[2]
 QUICK = "--quick" in sys.argv
+DFLASH_ONLY = "--dflash-only" in sys.argv
 KERNELS = [os.environ.get("DFLEX_ATTENTION_KERNELS") or "auto"]
 for i, arg in enumerate(sys.argv):
     if arg.startswith("--kernels="):
@@ -156,13 +160,14 @@ def dflash_window_mask(b, h, q, kv):
     return torch.where(kv < CONTEXT, ctx, own)
 
 
-compare("dflash sliding window 2048", 1, 32, 8, ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK, 128,
-        dflex_forward("dflash_sliding_window", "drafter_sliding_window_attention",
-                      [anchors[None].cpu(), context_start, torch.tensor(CONTEXT, dtype=torch.int64),
-                       torch.tensor(WINDOW, dtype=torch.int64)]),
-        dflash_window_mask)
+if not DFLASH_ONLY:
+    compare("dflash sliding window 2048", 1, 32, 8, ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK, 128,
+            dflex_forward("dflash_sliding_window", "drafter_sliding_window_attention",
+                          [anchors[None].cpu(), context_start, torch.tensor(CONTEXT, dtype=torch.int64),
+                           torch.tensor(WINDOW, dtype=torch.int64)]),
+            dflash_window_mask)
 
-if not QUICK:
+if not QUICK and not DFLASH_ONLY:
     causal = lambda b, h, q, kv: q >= kv
     compare("causal T=8192 32/8 d128", 1, 32, 8, 8192, 8192, 128,
             dflex_forward("causal", "causal_attention", []), causal)
@@ -174,7 +179,7 @@ if not QUICK:
 # anchor count (new query length). dflex runs the first --kernels choice.
 new_layout = []
 os.environ["DFLEX_ATTENTION_KERNELS"] = KERNELS[0]
-for count in (480, 500, 512):
+for count in () if DFLASH_ONLY else (480, 500, 512):
     fresh = random_anchors(count, CONTEXT)
     tq, tkv = count * BLOCK, CONTEXT + count * BLOCK
     make = inputs(1, 32, 8, tq, tkv, 128)
@@ -224,7 +229,8 @@ def print_table(title, prefix, with_peak):
 
 print_table("Back to back (steady state):", "", True)
 print_table("Each call from an idle GPU (median; host work before the first kernel exposed):", "idle_", False)
-print("\n| new anchor layout | dflex first fwd+bwd s | flex create_block_mask s | flex first fwd+bwd s |")
-print("|---|---|---|---|")
-for r in new_layout:
-    print(f"| {r['case']} | {r['dflex_first_step_s']} | {r['flex_create_block_mask_s']} | {r['flex_first_step_s']} |")
+if new_layout:
+    print("\n| new anchor layout | dflex first fwd+bwd s | flex create_block_mask s | flex first fwd+bwd s |")
+    print("|---|---|---|---|")
+    for r in new_layout:
+        print(f"| {r['case']} | {r['dflex_first_step_s']} | {r['flex_create_block_mask_s']} | {r['flex_first_step_s']} |")
