@@ -175,18 +175,40 @@ __device__ __forceinline__ void zero(float (&acc)[kBlocksN][4]) {
 
 // Starts copying rows [0, Tile::kRows) of a global matrix (rows of Tile::kCols
 // contiguous elements, `row_stride` elements apart) into `tile`; rows at or
-// past `valid_rows` are zero-filled. All `kThreads` threads of the block call it.
+// past `valid_rows` are zero-filled and not read. All `kThreads` threads of
+// the block call it. When the threads cover whole rows in each pass, and a
+// pass spans a multiple of the swizzle's 8-row period, each thread keeps one
+// chunk column and one swizzle row: its shared offset and global address
+// advance by constants (a few instructions per copy instead of recomputing
+// both, 64-bit multiply included).
 template <class Tile, int kThreads, class Element>
 __device__ __forceinline__ void async_load_tile(Element* tile, const Element* rows, long long row_stride,
                                                 int valid_rows, int thread) {
   constexpr int kChunks = Tile::kRows * Tile::kChunksPerRow;
+  constexpr int kRowsPerPass = kThreads / Tile::kChunksPerRow;
+  if constexpr (kThreads % Tile::kChunksPerRow == 0 && kRowsPerPass % 8 == 0 && Tile::kRows % kRowsPerPass == 0) {
+    const int row0 = thread / Tile::kChunksPerRow;
+    const int col = (thread % Tile::kChunksPerRow) * 8;
+    const unsigned destination = shared_address(tile + Tile::offset(row0, col));
+    const Element* source = rows + row0 * row_stride + col;
+    const long long pass_stride = kRowsPerPass * row_stride;
 #pragma unroll
-  for (int chunk = thread; chunk < kChunks; chunk += kThreads) {
-    const int row = chunk / Tile::kChunksPerRow;
-    const int col = (chunk % Tile::kChunksPerRow) * 8;
-    const bool valid = row < valid_rows;
-    const Element* source = valid ? rows + row * row_stride + col : rows;
-    cp_async_16(shared_address(tile + Tile::offset(row, col)), source, valid);
+    for (int pass = 0; pass < Tile::kRows / kRowsPerPass; ++pass) {
+      // A row past valid_rows is not read (zero source bytes): its address
+      // may lie past the matrix.
+      cp_async_16(destination + pass * kRowsPerPass * Tile::kCols * static_cast<int>(sizeof(Element)),
+                  source + pass * pass_stride,
+                  row0 + pass * kRowsPerPass < valid_rows);
+    }
+  } else {
+#pragma unroll
+    for (int chunk = thread; chunk < kChunks; chunk += kThreads) {
+      const int row = chunk / Tile::kChunksPerRow;
+      const int col = (chunk % Tile::kChunksPerRow) * 8;
+      const bool valid = row < valid_rows;
+      const Element* source = valid ? rows + row * row_stride + col : rows;
+      cp_async_16(shared_address(tile + Tile::offset(row, col)), source, valid);
+    }
   }
 }
 
