@@ -279,18 +279,20 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
   }
 }
 
-// Column sums of a warp's 16x32 fp32 block (value (j, c) = column 8j + 2t + c,
-// summed over the 16 rows) added to column_totals[col0 + column] by lanes 0..3.
-__device__ __forceinline__ void add_column_sums(float (&sums)[4][2], float* column_totals, int col0, int lane) {
+// Column sums of a warp's 16 x 8*kBlocksN fp32 block (value (j, c) = column
+// 8j + 2t + c, summed over the 16 rows) written to columns[col0 + column] by
+// lanes 0..3.
+template <int kBlocksN>
+__device__ __forceinline__ void store_column_sums(float (&sums)[kBlocksN][2], float* columns, int col0, int lane) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < kBlocksN; ++j)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       float s = sums[j][c];
       s += __shfl_xor_sync(0xffffffffu, s, 4);
       s += __shfl_xor_sync(0xffffffffu, s, 8);
       s += __shfl_xor_sync(0xffffffffu, s, 16);
-      if (lane < 4) atomicAdd(&column_totals[col0 + 8 * j + 2 * lane + c], s);
+      if (lane < 4) columns[col0 + 8 * j + 2 * lane + c] = s;
     }
 }
 
@@ -305,7 +307,15 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
   using Layout = typename Config::BackwardChunk;
   constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kChunkBackwardThreads;
   constexpr int kBlock = Config::kValueBlock;
-  constexpr int kKeyBlocks = kDk / 16;  // 8-column blocks of a warp's half of the key columns
+  // Warp w owns rows 16 (w % 4).. of every 64-row product and column slice
+  // w / 4 of its columns: kSlices slices of the key columns, of the chunk's
+  // 64 columns, and (dX only, in 16-column slices) of the value block.
+  constexpr int kSlices = Config::kChunkBackwardSlices;
+  constexpr int kKeyBlocks = kDk / kSlices / 8;  // 8-column blocks of a warp's key-column slice
+  constexpr int kChunkBlocks = 64 / kSlices / 8;  // 8-column blocks of a warp's chunk-column slice
+  constexpr int kGradXSlices = kBlock / 16;        // warps of a row block that form dX
+  static_assert(kSlices * 128 == kThreads && kKeyBlocks % 2 == 0 && kChunkBlocks % 2 == 0 && kGradXSlices <= kSlices,
+                "backward chunk: warps must split the key and chunk columns into even 8-column blocks");
   constexpr bool kDelta = Config::kDeltaRule;
 
   extern __shared__ __align__(128) unsigned char shared[];
@@ -319,12 +329,7 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
   float* betas = gates + 64;
   float* q_inverse = gates + 128;
   float* k_inverse = gates + 192;
-  float* grad_gate = gates + 256;  // accumulated by atomics from here on
-  float* grad_beta = gates + 320;
-  float* r_terms = gates + 384;
-  float* q_dot = gates + 448;
-  float* k_dot = gates + 512;
-  float* totals = gates + 576;  // [0] sum r, [1] <S0, dH>, [2] scan scratch, [3] dA_log, [4] d dt_bias
+  float* grad_gate_rows = gates + 256;  // dc before the reverse scan
 
   const int hv = blockIdx.y;
   const int hv_count = p.value_heads;
@@ -339,9 +344,24 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
   const int hk = hv / (p.value_heads / p.key_heads);
   const long long start = chunk.start;
   const int length = chunk.length;
-  const int row0 = 16 * (warp & 3);       // the warp's 16 rows of every 64-row product
-  const int half_col = warp >> 2;         // and its half of the columns
-  const int key_col0 = half_col * (kDk / 2);
+  const int row0 = 16 * (warp & 3);
+  const int slice = warp >> 2;
+  const int key_col0 = slice * kKeyBlocks * 8;
+  const int chunk_col0 = slice * kChunkBlocks * 8;
+  // Per-row sums, each [kSlices][64]: one partial per warp column slice. Shared
+  // float atomics would be compare-and-swap loops, so every warp writes its own.
+  float* row_partials = grad_gate_rows + 64;
+  enum RowSum { kGateRow, kBetaRow, kRRow, kQDotRow, kKDotRow };
+  auto row_partial = [&](RowSum sum, int row) -> float& { return row_partials[(sum * kSlices + slice) * 64 + row]; };
+  auto row_total = [&](RowSum sum, int row) {
+    float total = 0.f;
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s) total += row_partials[(sum * kSlices + s) * 64 + row];
+    return total;
+  };
+  float* gate_columns = row_partials + Layout::kRowSums * kSlices * 64;  // [4 row blocks][64]
+  float* state_dots = gate_columns + 4 * 64;                             // [warps]
+  float* totals = state_dots + kThreads / 32;  // [0] scan scratch, [1..2] sum r per warp, [3] dA_log, [4] d dt_bias
   const long long value_rows = static_cast<long long>(hv_count) * kDv;
   const long long chunk_head = static_cast<long long>(chunk.index) * hv_count + hv;
   const long long state_offset = chunk_head * kDk * kDv;
@@ -391,9 +411,10 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
     gates[thread] = p.workspace.gate_cumsum[index];
     betas[thread] = kDelta && thread < length ? p.workspace.beta[index] : 0.f;
   }
-  for (int i = thread; i < 5 * 64 + 8; i += kThreads) grad_gate[i] = 0.f;
+  if (thread < 8) totals[thread] = 0.f;
 
-  float grad_q[kKeyBlocks][4], grad_k[kKeyBlocks][4], z[kKeyBlocks][4], grad_a[4][4], grad_p[4][4];
+  float grad_q[kKeyBlocks][4], grad_k[kKeyBlocks][4], z[kKeyBlocks][4], grad_a[kChunkBlocks][4],
+      grad_p[kChunkBlocks][4];
   zero(grad_q);
   zero(grad_k);
   zero(z);
@@ -417,33 +438,35 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
 
     if constexpr (kDelta) {
       // dX = T^T d delta (the warp's 16 rows x 16 of the block's columns), dV = B dX.
-      float x[2][4];
-      zero(x);
-      warp_mma<Element, 2, 4, true, true, ChunkTile, ValueBlockTile>(x, t_tile, row0, 0, grad_delta_block,
-                                                                     16 * half_col, 0, lane);
+      if (slice < kGradXSlices) {
+        float x[2][4];
+        zero(x);
+        warp_mma<Element, 2, 4, true, true, ChunkTile, ValueBlockTile>(x, t_tile, row0, 0, grad_delta_block,
+                                                                       16 * slice, 0, lane);
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+        for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = row0 + fragment_row(lane, 2 * half), col = 16 * half_col + fragment_col(lane, j, 0);
-          const float dx0 = x[j][2 * half], dx1 = x[j][2 * half + 1];
-          const float2 v = load_pair<ValueBlockTile>(value_block, row, col);
-          v_dot_dx[half] += v.x * dx0 + v.y * dx1;
-          if (row < length)
-            store_global_pair(p.grad_v + (start + row) * p.grad_v_row_stride + hv * kDv + column0 + col,
-                              betas[row] * dx0, betas[row] * dx1);
-          store_pair<ValueBlockTile>(grad_x_block, row, col, dx0, dx1);
-          const float decay = fast_exp(gates[row]);
-          store_pair<ValueBlockTile>(decayed_grad_x_block, row, col, decay * dx0, decay * dx1);
-        }
+          for (int half = 0; half < 2; ++half) {
+            const int row = row0 + fragment_row(lane, 2 * half), col = 16 * slice + fragment_col(lane, j, 0);
+            const float dx0 = x[j][2 * half], dx1 = x[j][2 * half + 1];
+            const float2 v = load_pair<ValueBlockTile>(value_block, row, col);
+            v_dot_dx[half] += v.x * dx0 + v.y * dx1;
+            if (row < length)
+              store_global_pair(p.grad_v + (start + row) * p.grad_v_row_stride + hv * kDv + column0 + col,
+                                betas[row] * dx0, betas[row] * dx1);
+            store_pair<ValueBlockTile>(grad_x_block, row, col, dx0, dx1);
+            const float decay = fast_exp(gates[row]);
+            store_pair<ValueBlockTile>(decayed_grad_x_block, row, col, decay * dx0, decay * dx1);
+          }
+      }
       __syncthreads();
-      warp_mma<Element, 4, kBlock / 16, false, false, ValueBlockTile, ValueBlockTile>(
-          grad_a, grad_x_block, row0, 0, delta_block, 32 * half_col, 0, lane);
+      warp_mma<Element, kChunkBlocks, kBlock / 16, false, false, ValueBlockTile, ValueBlockTile>(
+          grad_a, grad_x_block, row0, 0, delta_block, chunk_col0, 0, lane);
       warp_mma<Element, kKeyBlocks, kBlock / 16, false, false, ValueBlockTile, StateBlockTile>(
           z, decayed_grad_x_block, row0, 0, state_block, key_col0, 0, lane);
     }
-    warp_mma<Element, 4, kBlock / 16, false, false, ValueBlockTile, ValueBlockTile>(grad_p, grad_o_block, row0, 0,
-                                                                                   delta_block, 32 * half_col, 0, lane);
+    warp_mma<Element, kChunkBlocks, kBlock / 16, false, false, ValueBlockTile, ValueBlockTile>(
+        grad_p, grad_o_block, row0, 0, delta_block, chunk_col0, 0, lane);
     warp_mma<Element, kKeyBlocks, kBlock / 16, false, false, ValueBlockTile, StateBlockTile>(
         grad_q, grad_o_block, row0, 0, state_block, key_col0, 0, lane);
     warp_mma<Element, kKeyBlocks, kBlock / 16, false, false, ValueBlockTile, StateBlockTile>(
@@ -476,6 +499,11 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
     __syncthreads();
   }
 
+  // The warp's two rows' terms of dc (gate), dbeta and r, summed per lane
+  // here and over the quad once at the end; column terms of dc per lane.
+  float row_gate[2] = {0.f, 0.f}, row_beta[2] = {v_dot_dx[0], v_dot_dx[1]}, row_r[2] = {0.f, 0.f};
+  float column_gate[kChunkBlocks][2] = {};
+
   // Row terms of D delta dH^T (r_j) and of Z = -E dX S0^T, then dK from both:
   // grad_k holds delta dH^T, z holds E dX S0^T.
   const float gate_last = gates[length - 1];
@@ -486,17 +514,10 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = row0 + fragment_row(lane, 2 * half);
-      const float decay = fast_exp(gate_last - gates[row]);
-      const float r = decay * quad_sum(k_dh[half]);
-      const float kz = -quad_sum(k_z[half]);
-      const float dx_dot = quad_sum(v_dot_dx[half]);
-      if ((lane & 3) == 0) {
-        atomicAdd(&r_terms[row], r);
-        atomicAdd(&totals[0], r);
-        if constexpr (kDelta) {
-          atomicAdd(&grad_beta[row], kz + dx_dot);
-          atomicAdd(&grad_gate[row], betas[row] * kz);
-        }
+      row_r[half] = fast_exp(gate_last - gates[row]) * k_dh[half];
+      if constexpr (kDelta) {
+        row_beta[half] -= k_z[half];
+        row_gate[half] -= betas[row] * k_z[half];
       }
     }
 #pragma unroll
@@ -508,33 +529,26 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
         grad_q[j][e] *= p.scale * fast_exp(gates[row]);
       }
     // q.dQ of the inter-chunk part (scale E dO S0^T), a gate term.
-    float q_inter[2] = {0.f, 0.f};
-    add_row_dots<KeyTile>(q_inter, queries, grad_q, row0, key_col0, lane);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float sum = quad_sum(q_inter[half]);
-      if ((lane & 3) == 0) atomicAdd(&grad_gate[row0 + fragment_row(lane, 2 * half)], sum);
-    }
+    add_row_dots<KeyTile>(row_gate, queries, grad_q, row0, key_col0, lane);
   }
   state_dot = warp_sum(state_dot);
-  if (lane == 0) atomicAdd(&totals[1], state_dot);
+  if (lane == 0) state_dots[warp] = state_dot;
 
   // dP o Gamma (to shared memory) and the column side of its gate term.
   {
-    float qk[4][4];
+    float qk[kChunkBlocks][4];
     zero(qk);
-    warp_mma<Element, 4, kDk / 16, false, false, KeyTile, KeyTile>(qk, queries, row0, 0, keys, 32 * half_col, 0, lane);
+    warp_mma<Element, kChunkBlocks, kDk / 16, false, false, KeyTile, KeyTile>(qk, queries, row0, 0, keys, chunk_col0,
+                                                                              0, lane);
     // The row (+) and column (-) sides of sum dP o P use the same fp32
     // products, so they cancel exactly over the chunk as they do in exact
     // arithmetic (going through the bf16 dP o Gamma product for the row side
     // would not: the gate gradients' sums over tokens then drift).
-    float column_sums[4][2] = {};
-    float row_sums[2] = {0.f, 0.f};
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kChunkBlocks; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = row0 + fragment_row(lane, 2 * half), col = 32 * half_col + fragment_col(lane, j, 0);
+        const int row = row0 + fragment_row(lane, 2 * half), col = chunk_col0 + fragment_col(lane, j, 0);
         float value[2];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
@@ -543,32 +557,25 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
             const float gamma = fast_exp(gates[row] - gates[col + c]);
             const float dp = p.scale * grad_p[j][2 * half + c];
             const float term = dp * gamma * qk[j][2 * half + c];
-            column_sums[j][c] -= term;
-            row_sums[half] += term;
+            column_gate[j][c] -= term;
+            row_gate[half] += term;
             value[c] = dp * gamma;
           }
         }
         store_pair<ChunkTile>(score_grad, row, col, value[0], value[1]);
       }
-    add_column_sums(column_sums, grad_gate, 32 * half_col, lane);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float sum = quad_sum(row_sums[half]);
-      if ((lane & 3) == 0) atomicAdd(&grad_gate[row0 + fragment_row(lane, 2 * half)], sum);
-    }
   }
   if constexpr (kDelta) {
     // G = dA o B Gamma with dA = -strict_lower(dX delta^T), and the A terms of dbeta, dc.
-    float kk[4][4];
+    float kk[kChunkBlocks][4];
     zero(kk);
-    warp_mma<Element, 4, kDk / 16, false, false, KeyTile, KeyTile>(kk, keys, row0, 0, keys, 32 * half_col, 0, lane);
-    float column_sums[4][2] = {};
-    float row_beta[2] = {0.f, 0.f}, row_gate[2] = {0.f, 0.f};
+    warp_mma<Element, kChunkBlocks, kDk / 16, false, false, KeyTile, KeyTile>(kk, keys, row0, 0, keys, chunk_col0, 0,
+                                                                              lane);
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kChunkBlocks; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = row0 + fragment_row(lane, 2 * half), col = 32 * half_col + fragment_col(lane, j, 0);
+        const int row = row0 + fragment_row(lane, 2 * half), col = chunk_col0 + fragment_col(lane, j, 0);
         float value[2];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
@@ -580,21 +587,22 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
             const float a = betas[row] * kk_gamma;
             row_beta[half] += da * kk_gamma;
             row_gate[half] += da * a;
-            column_sums[j][c] -= da * a;
+            column_gate[j][c] -= da * a;
             value[c] = da * betas[row] * gamma;
           }
         }
         store_pair<ChunkTile>(g_tile, row, col, value[0], value[1]);
       }
-    add_column_sums(column_sums, grad_gate, 32 * half_col, lane);
+  }
+  store_column_sums(column_gate, gate_columns + 64 * (warp & 3), chunk_col0, lane);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float b = quad_sum(row_beta[half]), g = quad_sum(row_gate[half]);
-      if ((lane & 3) == 0) {
-        const int row = row0 + fragment_row(lane, 2 * half);
-        atomicAdd(&grad_beta[row], b);
-        atomicAdd(&grad_gate[row], g);
-      }
+  for (int half = 0; half < 2; ++half) {
+    const float gate_sum = quad_sum(row_gate[half]), beta_sum = quad_sum(row_beta[half]), r = quad_sum(row_r[half]);
+    if ((lane & 3) == 0) {
+      const int row = row0 + fragment_row(lane, 2 * half);
+      row_partial(kGateRow, row) = gate_sum;
+      row_partial(kBetaRow, row) = beta_sum;
+      row_partial(kRRow, row) = r;
     }
   }
   __syncthreads();
@@ -620,8 +628,8 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
       const float qs = quad_sum(qd[half]), ks = quad_sum(kd[half]);
       if ((lane & 3) == 0) {
         const int row = row0 + fragment_row(lane, 2 * half);
-        atomicAdd(&q_dot[row], qs);
-        atomicAdd(&k_dot[row], ks);
+        row_partial(kQDotRow, row) = qs;
+        row_partial(kKDotRow, row) = ks;
       }
     }
   }
@@ -630,6 +638,15 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
   // dq, dk: summed over the value heads of a group in fp32 (finalised by
   // gated_delta_backward_finalize_kernel), or through the normalisation here.
   const bool grouped = p.value_heads != p.key_heads;
+  float q_dot[2] = {0.f, 0.f}, k_dot[2] = {0.f, 0.f};  // of the thread's two rows
+  if constexpr (Config::kQkL2Norm) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + fragment_row(lane, 2 * half);
+      q_dot[half] = row_total(kQDotRow, row);
+      k_dot[half] = row_total(kKDotRow, row);
+    }
+  }
 #pragma unroll
   for (int j = 0; j < kKeyBlocks; ++j)
 #pragma unroll
@@ -647,10 +664,10 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
       }
       if constexpr (Config::kQkL2Norm) {
         const float2 q = load_pair<KeyTile>(queries, row, col), k = load_pair<KeyTile>(keys, row, col);
-        dq0 = q_inverse[row] * (dq0 - q.x * q_dot[row]);
-        dq1 = q_inverse[row] * (dq1 - q.y * q_dot[row]);
-        dk0 = k_inverse[row] * (dk0 - k.x * k_dot[row]);
-        dk1 = k_inverse[row] * (dk1 - k.y * k_dot[row]);
+        dq0 = q_inverse[row] * (dq0 - q.x * q_dot[half]);
+        dq1 = q_inverse[row] * (dq1 - q.y * q_dot[half]);
+        dk0 = k_inverse[row] * (dk0 - k.x * k_dot[half]);
+        dk1 = k_inverse[row] * (dk1 - k.y * k_dot[half]);
       }
       store_global_pair(p.grad_q + token * p.grad_q_row_stride + hk * kDk + col, dq0, dq1);
       store_global_pair(p.grad_k + token * p.grad_k_row_stride + hk * kDk + col, dk0, dk1);
@@ -659,16 +676,27 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
   // dc per row, then dg = reverse cumulative sum over the chunk; thread i
   // handles row 63 - i so that the scan runs forward.
   if constexpr (Config::kHasGate || kDelta) {
-    float dc = 0.f;
-    if (thread < length) {
-      dc = grad_gate[thread] - r_terms[thread];
-      if (thread == length - 1) dc += totals[0] + fast_exp(gate_last) * totals[1];
+    float dc = 0.f, r = 0.f;
+    if (thread < 64) {
+      r = row_total(kRRow, thread);
+      dc = row_total(kGateRow, thread) - r;
+#pragma unroll
+      for (int block = 0; block < 4; ++block) dc += gate_columns[64 * block + thread];
+    }
+    r = warp_sum(r);
+    if (lane == 0 && warp < 2) totals[1 + warp] = r;
+    __syncthreads();
+    if (thread < 64) {
+      if (thread == length - 1) {
+        float state_total = 0.f;
+        for (int w = 0; w < kThreads / 32; ++w) state_total += state_dots[w];
+        dc += totals[1] + totals[2] + fast_exp(gate_last) * state_total;
+      }
+      grad_gate_rows[thread] = thread < length ? dc : 0.f;
     }
     __syncthreads();
-    if (thread < 64) r_terms[thread] = dc;
-    __syncthreads();
     const int row = 63 - thread;
-    const float dg = chunk_inclusive_sum(thread < 64 ? r_terms[row] : 0.f, thread, &totals[2]);
+    const float dg = chunk_inclusive_sum(thread < 64 ? grad_gate_rows[row] : 0.f, thread, &totals[0]);
     const bool valid = thread < 64 && row < length;
     const long long index = (start + row) * hv_count + hv;
     if constexpr (Config::kInKernelGate) {
@@ -680,7 +708,7 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
         p.grad_a[index] = da;
         a_log_part = dg * -decay_rate * softplus(x);
         dt_part = da;
-        if constexpr (kDelta) p.grad_b[index] = grad_beta[row] * betas[row] * (1.f - betas[row]);
+        if constexpr (kDelta) p.grad_b[index] = row_total(kBetaRow, row) * betas[row] * (1.f - betas[row]);
       }
       a_log_part = warp_sum(a_log_part);
       dt_part = warp_sum(dt_part);
@@ -693,7 +721,7 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
         p.workspace.gate_param_partials[chunk_head * 2 + thread] = totals[3 + thread];
     } else if (valid) {
       if constexpr (Config::kHasGate) p.grad_g[index] = dg;
-      if constexpr (kDelta) p.grad_beta[index] = grad_beta[row];
+      if constexpr (kDelta) p.grad_beta[index] = row_total(kBetaRow, row);
     }
   }
 }

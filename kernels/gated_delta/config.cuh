@@ -44,6 +44,7 @@ struct GatedDeltaConfig {
   static constexpr int kValueBlock = 32;
   static constexpr int kThreads = 128;          // every kernel but the backward chunk kernel
   static constexpr int kChunkBackwardThreads = 256;
+  static constexpr int kChunkBackwardSlices = kChunkBackwardThreads / 128;  // warp column slices per 16-row block
   static constexpr int kWarps = kThreads / 32;
 
   using KeyTile = SwizzledTile<kChunk, kKeyDim>;            // q, k, W, decayed k of one chunk
@@ -127,8 +128,11 @@ struct GatedDeltaConfig {
     static constexpr int kGradX = kStages + 2 * kStageBytes;
     static constexpr int kDecayedGradX = kGradX + (kDeltaRule ? ValueBlockTile::kBytes : 0);
     static constexpr int kScalars = kDecayedGradX + (kDeltaRule ? ValueBlockTile::kBytes : 0);
-    static constexpr int kScalarRows = 9;  // gate, beta, 1/|q|, 1/|k|, dgate, dbeta, r, q.dq, k.dk
-    static constexpr int kBytes = kScalars + align_up_128((kScalarRows * kChunk + 8) * 4);
+    static constexpr int kRowSums = 5;  // per-slice partials of dgate, dbeta, r, q.dq, k.dk
+    // gate, beta, 1/|q|, 1/|k|, dc; the row sums' partials; column partials of dgate per row block
+    static constexpr int kScalarRows = 5 + kRowSums * kChunkBackwardSlices + 4;
+    static constexpr int kBytes =
+        kScalars + align_up_128((kScalarRows * kChunk + kChunkBackwardThreads / 32 + 8) * 4);
     static_assert(2 * ChunkTile::kBytes <= kStageBytes, "dP o Gamma and G must fit in one stage");
   };
 
