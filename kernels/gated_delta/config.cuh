@@ -61,7 +61,10 @@ struct GatedDeltaConfig {
   static_assert(kStateAtoms * 16 * kWarps == kKeyDim, "state rows must split into 16-row blocks per warp");
   static_assert(kValueDim % kValueBlock == 0, "value dim must be whole value blocks");
 
-  static constexpr int kFloatRow = kChunk + 1;  // padded fp32 rows of the in-chunk solve
+  // Padded fp32 rows of the in-chunk solve (A, then T) and of its block-row
+  // scratch: 16-byte aligned, with row starts spread over the banks.
+  static constexpr int kFloatRow = kChunk + 4;
+  static constexpr int kBlockRowFloats = 52;
 
   // Forward prepare: k, v, T (bf16), A then T in place (fp32), block-row scratch, gates.
   struct ForwardPrepare {
@@ -70,7 +73,7 @@ struct GatedDeltaConfig {
     static constexpr int kTInverse = kValues + (kDeltaRule ? ValueTile::kBytes : 0);
     static constexpr int kMatrix = kTInverse + (kDeltaRule ? ChunkTile::kBytes : 0);
     static constexpr int kBlockRows = kMatrix + (kDeltaRule ? align_up_128(kChunk * kFloatRow * 4) : 0);
-    static constexpr int kGates = kBlockRows + (kDeltaRule ? align_up_128(16 * 49 * 4) : 0);
+    static constexpr int kGates = kBlockRows + (kDeltaRule ? align_up_128(16 * kBlockRowFloats * 4) : 0);
     static constexpr int kBytes = kGates + align_up_128((4 * kChunk + 2) * 4);
   };
   // Forward state: two stages of (W, decayed k, U block), the state and delta blocks.

@@ -34,7 +34,7 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
   using ChunkTile = typename Config::ChunkTile;
   using Layout = typename Config::ForwardPrepare;
   constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kThreads;
-  constexpr int kRow = Config::kFloatRow;
+  constexpr int kRow = Config::kFloatRow, kBlockRow = Config::kBlockRowFloats;
   Element* keys = reinterpret_cast<Element*>(shared + Layout::kKeys);
   Element* values = reinterpret_cast<Element*>(shared + Layout::kValues);
   Element* t_tile = reinterpret_cast<Element*>(shared + Layout::kTInverse);
@@ -83,41 +83,68 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
     }
   }
   __syncthreads();
-  // Then block row I = 1..3 below the diagonal: T_IJ = -T_II sum_{J<=K<I} A_IK T_KJ.
-  // Thread (r, c0) = (thread / 8, thread % 8) computes row 16I + r at columns
-  // c0 + 8m; column c0 + 8m lies in block m / 2, so every bound is a constant.
-  static_assert(kThreads == 128, "the block-row solve maps 16 rows x 8 column lanes onto 128 threads");
+  // Then block rows I = 1..3 below the diagonal: T_IJ = -T_II sum_{J<=K<I} A_IK T_KJ,
+  // first Y = sum_K A_IK T_KJ into block_rows, then -T_II Y. Thread (r, g) =
+  // (thread % 16, thread / 16) computes row 16I + r at the 4-column groups g
+  // and g + 8 with 16-byte shared loads, one load per four multiply-adds
+  // (this solve is bound by shared-memory bandwidth). A warp's two groups lie
+  // in one column block J, so its k range (from 16J) is warp-uniform.
+  static_assert(kThreads == 128, "the block-row solve maps 16 rows x 8 column groups onto 128 threads");
+  static_assert(kRow % 4 == 0 && kBlockRow % 4 == 0, "the block-row solve reads 16-byte rows");
   {
-    const int r = thread >> 3, c0 = thread & 7;
+    const int r = thread & 15, g = thread >> 4;
+    auto row4 = [](const float* row) { return *reinterpret_cast<const float4*>(row); };
+    auto fma4 = [](float4& sum, float a, const float4& b) {
+      sum.x += a * b.x;
+      sum.y += a * b.y;
+      sum.z += a * b.z;
+      sum.w += a * b.w;
+    };
 #pragma unroll
     for (int block = 1; block < 4; ++block) {
       const int base = 16 * block;
       float a_row[48];
 #pragma unroll
-      for (int k = 0; k < base; ++k) a_row[k] = matrix[(base + r) * kRow + k];
-      float out[6];
+      for (int k = 0; k < base; k += 4) {
+        const float4 a = row4(matrix + (base + r) * kRow + k);
+        a_row[k] = a.x;
+        a_row[k + 1] = a.y;
+        a_row[k + 2] = a.z;
+        a_row[k + 3] = a.w;
+      }
 #pragma unroll
-      for (int m = 0; m < 2 * block; ++m) {
-        const int c = c0 + 8 * m;
-        float sum = 0.f;
+      for (int m = 0; m < 2; ++m) {
+        const int group = g + 8 * m;
+        if (group < 4 * block) {
+          const int c = 4 * group, k0 = 16 * (group / 4);
+          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int k = 16 * (m / 2); k < base; ++k) sum += a_row[k] * matrix[k * kRow + c];
-        block_rows[r * 49 + c] = sum;
+          for (int k = 0; k < base; ++k)
+            if (k >= k0) fma4(sum, a_row[k], row4(matrix + k * kRow + c));
+          *reinterpret_cast<float4*>(block_rows + r * kBlockRow + c) = sum;
+        }
       }
       __syncthreads();
       float t_row[16];
 #pragma unroll
-      for (int k = 0; k < 16; ++k) t_row[k] = matrix[(base + r) * kRow + base + k];
-#pragma unroll
-      for (int m = 0; m < 2 * block; ++m) {
-        const int c = c0 + 8 * m;
-        float sum = 0.f;
-#pragma unroll
-        for (int k = 0; k < 16; ++k) sum += t_row[k] * block_rows[k * 49 + c];
-        out[m] = -sum;
+      for (int k = 0; k < 16; k += 4) {
+        const float4 t = row4(matrix + (base + r) * kRow + base + k);
+        t_row[k] = t.x;
+        t_row[k + 1] = t.y;
+        t_row[k + 2] = t.z;
+        t_row[k + 3] = t.w;
       }
 #pragma unroll
-      for (int m = 0; m < 2 * block; ++m) matrix[(base + r) * kRow + c0 + 8 * m] = out[m];
+      for (int m = 0; m < 2; ++m) {
+        const int group = g + 8 * m;
+        if (group < 4 * block) {
+          const int c = 4 * group;
+          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+          for (int k = 0; k < 16; ++k) fma4(sum, -t_row[k], row4(block_rows + k * kBlockRow + c));
+          *reinterpret_cast<float4*>(matrix + (base + r) * kRow + c) = sum;
+        }
+      }
       __syncthreads();
     }
   }
