@@ -5,6 +5,8 @@
 // what the runtime does every step, per kernel family: evaluator creation,
 // the forward list (needed before the forward launch), then the backward
 // list (built while the forward kernel runs), each by its own scan.
+// --cold evicts the CPU caches before every run (a 256 MiB sweep), as the
+// rest of a training step does between two steps' lists.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 
 using namespace dflex;
 
@@ -35,11 +38,23 @@ double median(std::vector<double> values) {
 
 int main(int argc, char **argv) {
   const int64_t blocks = 512, blockSize = 16, ctxLen = 8192;
-  const int repeats = argc > 1 ? std::atoi(argv[1]) : 200;
+  int repeats = 200;
+  bool cold = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--cold")
+      cold = true;
+    else
+      repeats = std::atoi(argv[i]);
+  }
   if (repeats <= 0) {
-    std::fprintf(stderr, "usage: %s [repeats > 0]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [--cold] [repeats > 0]\n", argv[0]);
     return 1;
   }
+  std::vector<char> sweep(cold ? size_t(256) << 20 : 0);
+  auto evictCaches = [&] {
+    for (size_t i = 0; i < sweep.size(); i += 64)
+      sweep[i] = static_cast<char>(sweep[i] + 1);
+  };
   auto loaded = test::LoadedModule::fromFile(std::string(DFLEX_EXAMPLES_DIR) + "/dflash.mlir");
   expr::Program program = loaded.program("dflash");
   if (program.instructions.empty())
@@ -65,14 +80,15 @@ int main(int argc, char **argv) {
   auto micros = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::micro>(b - a).count();
   };
-  std::printf("DFlash step, %lld queries x %lld keys; median of %d runs:\n",
+  std::printf("DFlash step, %lld queries x %lld keys; median of %d runs%s:\n",
               static_cast<long long>(shape.queryLength), static_cast<long long>(shape.keyLength),
-              repeats);
+              repeats, cold ? ", caches evicted before each" : "");
   for (const Family &family : {Family{"portable", 128, 64, 64, 64},
                                Family{"hopper", 128, 128, 64, 128}}) {
     std::vector<double> create, forward, backward, total;
     int64_t forwardEntries = 0, backwardEntries = 0;
     for (int r = 0; r < repeats; ++r) {
+      evictCaches();
       auto t0 = Clock::now();
       auto created = analysis::IntervalEvaluator::create(program, captures);
       if (!created.ok()) {
