@@ -244,37 +244,33 @@ BoundCaptures bindCaptures(const AttentionKernelSpec &spec,
   return bound;
 }
 
-analysis::AttentionTileLists buildTileLists(const AttentionKernelSpec &spec,
-                                            const BoundCaptures &captures,
-                                            const AttentionProblem &problem,
-                                            const AttentionKernelPlan &plan, bool forward,
-                                            bool backward) {
-  const std::string where = "dflex attention '" + spec.name + "': ";
-  analysis::EvaluatorResult evaluator =
-      analysis::IntervalEvaluator::create(spec.mask, captures.forProgram(spec.mask, spec.layout));
-  if (!evaluator.ok())
-    throw FormatError(where + "mask '" + spec.mask.name + "': " + evaluator.error);
+CallTileLists::CallTileLists(const AttentionKernelSpec &spec, const BoundCaptures &captures,
+                             const AttentionProblem &problem, const AttentionKernelPlan &plan)
+    : spec_(spec), captures_(captures), problem_(problem), plan_(plan) {}
+
+CallTileLists::~CallTileLists() = default;
+
+analysis::TileList CallTileLists::build(analysis::TileListKind pass) {
+  const std::string where = "dflex attention '" + spec_.name + "': ";
+  if (!evaluator_) {
+    analysis::EvaluatorResult created = analysis::IntervalEvaluator::create(
+        spec_.mask, captures_.forProgram(spec_.mask, spec_.layout));
+    if (!created.ok())
+      throw FormatError(where + "mask '" + spec_.mask.name + "': " + created.error);
+    evaluator_ = std::move(created.evaluator);
+  }
   analysis::AttentionShape shape;
-  shape.batches = problem.batch;
-  shape.heads = problem.qHeads;
-  shape.queryLength = problem.queryLength;
-  shape.keyLength = problem.keyLength;
-  // Each pass's list by its own scan: the forward launches as soon as its
-  // list is there, and the backward's is built while the forward runs.
-  analysis::AttentionTileLists lists;
-  auto build = [&](analysis::TileListKind kind, const AttentionLaunch &launch,
-                   analysis::TileList &into) {
-    analysis::TileListResult one =
-        analysis::buildTileList(*evaluator.evaluator, kind, shape, launch.blockM, launch.blockN);
-    if (!one.ok())
-      throw FormatError(where + one.error);
-    into = std::move(one.list);
-  };
-  if (forward)
-    build(analysis::TileListKind::Forward, plan.forward.launch, lists.forward);
-  if (backward)
-    build(analysis::TileListKind::Backward, plan.backward.launch, lists.backward);
-  return lists;
+  shape.batches = problem_.batch;
+  shape.heads = problem_.qHeads;
+  shape.queryLength = problem_.queryLength;
+  shape.keyLength = problem_.keyLength;
+  const AttentionLaunch &launch =
+      pass == analysis::TileListKind::Forward ? plan_.forward.launch : plan_.backward.launch;
+  analysis::TileListResult list =
+      analysis::buildTileList(*evaluator_, pass, shape, launch.blockM, launch.blockN);
+  if (!list.ok())
+    throw FormatError(where + list.error);
+  return std::move(list.list);
 }
 
 DeviceTileList uploadTileList(const analysis::TileList &list, const torch::Device &device) {
@@ -305,19 +301,15 @@ bool isEmpty(const AttentionProblem &p) {
 
 /// The device tile list of one pass of a call (nothing for an empty
 /// problem, which the CUDA path answers without kernels).
-DeviceTileList callTiles(const AttentionKernelSpec &spec, const BoundCaptures &captures,
-                         const AttentionProblem &problem, const AttentionKernelPlan &plan,
+DeviceTileList callTiles(CallTileLists &lists, const AttentionProblem &problem,
                          analysis::TileListKind pass, const torch::Device &device) {
   if (isEmpty(problem))
     return {};
-  const bool forward = pass == analysis::TileListKind::Forward;
   // A named range in torch.profiler traces (host time before a launch).
-  RECORD_FUNCTION(forward ? "dflex::attention_tile_lists (forward)"
-                          : "dflex::attention_tile_lists (backward)",
+  RECORD_FUNCTION(pass == analysis::TileListKind::Forward ? "dflex::attention_tile_lists (forward)"
+                                                          : "dflex::attention_tile_lists (backward)",
                   std::vector<c10::IValue>());
-  const analysis::AttentionTileLists lists =
-      buildTileLists(spec, captures, problem, plan, forward, !forward);
-  return uploadTileList(forward ? lists.forward : lists.backward, device);
+  return uploadTileList(lists.build(pass), device);
 }
 
 AttentionKernelPlan devicePlan(const KernelBundle &bundle, const AttentionKernelSpec &spec,
@@ -345,14 +337,13 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
       const AttentionKernelChoice choice = attentionKernelChoice();
       const AttentionKernelPlan plan = devicePlan(*bundle, spec, q.device(), choice);
       BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
-      outputs = cudaForward(
-          *bundle, spec, plan, problem, q, k, v, bound,
-          callTiles(spec, bound, problem, plan, analysis::TileListKind::Forward, q.device()));
+      CallTileLists lists(spec, bound, problem, plan);
+      outputs = cudaForward(*bundle, spec, plan, problem, q, k, v, bound,
+                            callTiles(lists, problem, analysis::TileListKind::Forward, q.device()));
       ctx->saved_data["kernel_choice"] = static_cast<int64_t>(choice);
       // Built while the forward kernel runs.
       const DeviceTileList tiles =
-          needBackward ? callTiles(spec, bound, problem, plan, analysis::TileListKind::Backward,
-                                   q.device())
+          needBackward ? callTiles(lists, problem, analysis::TileListKind::Backward, q.device())
                        : DeviceTileList{};
       if (tiles.storage.defined()) {
         ctx->saved_data["backward_tiles"] = tiles.storage;
@@ -425,9 +416,9 @@ AttentionOutputs attentionForward(const KernelBundle &bundle, const AttentionKer
                             bindCaptures(spec, captures, std::nullopt, /*needHost=*/true));
   const AttentionKernelPlan plan = devicePlan(bundle, spec, q.device(), attentionKernelChoice());
   BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
-  return cudaForward(
-      bundle, spec, plan, problem, q, k, v, bound,
-      callTiles(spec, bound, problem, plan, analysis::TileListKind::Forward, q.device()));
+  CallTileLists lists(spec, bound, problem, plan);
+  return cudaForward(bundle, spec, plan, problem, q, k, v, bound,
+                     callTiles(lists, problem, analysis::TileListKind::Forward, q.device()));
 }
 
 AttentionGrads attentionBackward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
@@ -458,9 +449,9 @@ AttentionGrads attentionBackward(const KernelBundle &bundle, const AttentionKern
     throw FormatError(where + "o and grad_o must have the dtype of q, lse must be float32");
   const AttentionKernelPlan plan = devicePlan(bundle, spec, q.device(), attentionKernelChoice());
   BoundCaptures bound = bindCaptures(spec, captures, q.device(), /*needHost=*/true);
-  return cudaBackward(
-      bundle, spec, plan, problem, q, k, v, out, logSumExp, gradOut, bound,
-      callTiles(spec, bound, problem, plan, analysis::TileListKind::Backward, q.device()));
+  CallTileLists lists(spec, bound, problem, plan);
+  return cudaBackward(bundle, spec, plan, problem, q, k, v, out, logSumExp, gradOut, bound,
+                      callTiles(lists, problem, analysis::TileListKind::Backward, q.device()));
 }
 
 AttentionOutputs attention(const std::string &bundleDirectory, const std::string &specName,
@@ -573,8 +564,12 @@ analysis::AttentionTileLists attentionTileLists(const AttentionKernelSpec &spec,
   problem.keyLength = keyLength;
   problem.qHeads = spec.numQHeads;
   problem.kvHeads = spec.numKvHeads;
-  return buildTileLists(spec, bindCaptures(spec, captures, std::nullopt, /*needHost=*/true),
-                        problem, plan, /*forward=*/true, /*backward=*/true);
+  const BoundCaptures bound = bindCaptures(spec, captures, std::nullopt, /*needHost=*/true);
+  CallTileLists lists(spec, bound, problem, plan);
+  analysis::AttentionTileLists result;
+  result.forward = lists.build(analysis::TileListKind::Forward);
+  result.backward = lists.build(analysis::TileListKind::Backward);
+  return result;
 }
 
 } // namespace dflex::runtime

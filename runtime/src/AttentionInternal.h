@@ -51,15 +51,28 @@ BoundCaptures bindCaptures(const AttentionKernelSpec &spec,
                            const std::vector<torch::Tensor> &captures,
                            const std::optional<torch::Device> &device, bool needHost);
 
-/// The tile lists of one call through the interval analysis of the mask
-/// (one evaluator), at the tile sizes of the kernels `plan` runs: the
-/// forward's when `forward`, the backward's when `backward` (a list not
-/// asked for stays empty).
-analysis::AttentionTileLists buildTileLists(const AttentionKernelSpec &spec,
-                                            const BoundCaptures &captures,
-                                            const AttentionProblem &problem,
-                                            const AttentionKernelPlan &plan, bool forward,
-                                            bool backward);
+/// The tile lists of one call through the interval analysis of the mask, at
+/// the tile sizes of the kernels `plan` runs, each pass's by its own scan.
+/// One evaluator of the mask over the call's host captures, made on first
+/// use, serves both passes: the backward's list, built while the forward
+/// kernel runs, analyses neither the program nor the captures again. The
+/// arguments must outlive it.
+class CallTileLists {
+public:
+  CallTileLists(const AttentionKernelSpec &spec, const BoundCaptures &captures,
+                const AttentionProblem &problem, const AttentionKernelPlan &plan);
+  ~CallTileLists();
+
+  /// Throws FormatError naming the spec (and the mask) on failure.
+  analysis::TileList build(analysis::TileListKind pass);
+
+private:
+  const AttentionKernelSpec &spec_;
+  const BoundCaptures &captures_;
+  const AttentionProblem &problem_;
+  const AttentionKernelPlan &plan_;
+  std::unique_ptr<analysis::IntervalEvaluator> evaluator_;
+};
 
 // CPU reference, float64 math (AttentionReference.cpp).
 AttentionOutputs referenceForward(const AttentionKernelSpec &spec, const AttentionProblem &problem,
@@ -80,7 +93,7 @@ struct DeviceTileList {
   int64_t rowTiles = 0;
 };
 
-/// Copies one list `buildTileLists` built to `device`, without blocking.
+/// Copies one list `CallTileLists` built to `device`, without blocking.
 DeviceTileList uploadTileList(const analysis::TileList &list, const torch::Device &device);
 
 // CUDA path (AttentionCuda.cpp).
