@@ -5,7 +5,7 @@
 # scripts/prepare_gpu.sh in .device/bundles. Logs go to $OUT (or /tmp/dflex-gpu).
 # DFLEX_SKIP_CHECKS=1 runs only the benchmarks, DFLEX_SKIP_BENCH=1 only the checks
 # (the two halves fit one device call each); DFLEX_SANITIZE=1 adds
-# compute-sanitizer memcheck and racecheck on the kernel harness.
+# compute-sanitizer memcheck and racecheck on both kernel harnesses.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -42,6 +42,8 @@ step build build_runtime
   step runtime_attention bash test/gpu/runtime/run.sh build-gpu .device/bundles
 [ "${DFLEX_SANITIZE:-0}" = 0 ] ||
   step attention_sanitizer make -C test/gpu/attention sanitize BUILD_DIR="$root/build-gpu-attention"
+[ "${DFLEX_SANITIZE:-0}" = 0 ] || [ ! -f test/gpu/gated_delta/Makefile ] ||
+  step gated_delta_sanitizer make -C test/gpu/gated_delta sanitize BUILD_DIR="$root/build-gpu-gdn"
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step attention_bench python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles ${DFLEX_BENCH_ARGS:-}
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||

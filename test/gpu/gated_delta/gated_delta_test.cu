@@ -11,6 +11,7 @@
 //   --time       the baseline shapes (d = 128, q/k L2-normalised): fwd and fwd+bwd medians and
 //                per-kernel medians (FLA's side: bench/gdn_fla_bench.py, same machine and call)
 //   --shape BxTxH  time this shape instead of the baseline ones (repeatable; implies --time)
+//   --filter TEXT  only the checks whose name contains TEXT (implies --check)
 // Error metric, per tensor: max |x - ref| / max |ref|; a check passes when it
 // is <= 1e-2 for every tensor and no element is NaN (outputs, gradients and
 // the workspace are poisoned with NaN before each run). Exception: dA_log and
@@ -188,7 +189,7 @@ class DeviceWorkspace {
 // Correctness checks
 
 struct Case {
-  const char* name;
+  std::string name;
   int key_heads, value_heads;
   std::vector<int> lengths;  // varlen: one per sequence; otherwise `batch` copies of one length
   bool fused_qkv;            // q, k, v as column slices of one [T, 2 Hk Dk + Hv Dv] buffer
@@ -311,7 +312,8 @@ void report_intermediates(const Problem& p, const Inputs& in, const GatedDeltaWo
 }
 
 template <class Config>
-bool run_check(const Case& c, std::mt19937_64& rng) {
+bool run_check(const Case& c, std::mt19937_64& rng, const std::string& filter) {
+  if (c.name.find(filter) == std::string::npos) return true;
   Problem p;
   p.key_dim = Config::kKeyDim;
   p.value_dim = Config::kValueDim;
@@ -328,7 +330,7 @@ bool run_check(const Case& c, std::mt19937_64& rng) {
   if (!Config::kVarlen) {
     for (int length : p.lengths)
       if (length != p.lengths[0]) {
-        std::fprintf(stderr, "%s: fixed-length case with unequal lengths\n", c.name);
+        std::fprintf(stderr, "%s: fixed-length case with unequal lengths\n", c.name.c_str());
         std::exit(2);
       }
   }
@@ -487,7 +489,7 @@ bool run_check(const Case& c, std::mt19937_64& rng) {
     }
     line += cell;
   }
-  std::printf("%-5s %-58s %s\n", pass ? "PASS" : "FAIL", c.name, line.c_str());
+  std::printf("%-5s %-58s %s\n", pass ? "PASS" : "FAIL", c.name.c_str(), line.c_str());
   if (!pass) report_intermediates<Config>(p, in, params.workspace);
   std::fflush(stdout);
   return pass;
@@ -498,26 +500,26 @@ using Config = GatedDeltaConfig<Dk, Dv, Gate, Delta, Norm, InKernelGate, Initial
 constexpr GateKind kScalar = GateKind::kScalarLog;
 constexpr GateKind kNoGate = GateKind::kNone;
 
-bool run_checks() {
+bool run_checks(const std::string& filter) {
   std::mt19937_64 rng(20261130);
   std::printf("metric per tensor: max|x-ref| / max|ref| vs a float64 sequential reference, tolerance %.0e "
               "(dA_log, ddt_bias: max|x-ref| / max sum|terms|, plain metric in brackets); "
               "'!n' = n NaN/inf elements; '*' = over tolerance\n", kTolerance);
   bool pass = true;
   pass &= run_check<Config<128, 128, kScalar, true, true, false, true, true, true>>(
-      {"d128 varlen {1,17,64,200,1000} Hk=Hv=2 g beta h0 ht", 2, 2, {1, 17, 64, 200, 1000}, false}, rng);
+      {"d128 varlen {1,17,64,200,1000} Hk=Hv=2 g beta h0 ht", 2, 2, {1, 17, 64, 200, 1000}, false}, rng, filter);
   pass &= run_check<Config<128, 128, kScalar, true, true, true, true, true, true>>(
-      {"d128 varlen Hk=1 Hv=2 in-kernel gate h0 ht (Qwen3.5)", 1, 2, {300, 1, 65, 128, 17}, false}, rng);
+      {"d128 varlen Hk=1 Hv=2 in-kernel gate h0 ht (Qwen3.5)", 1, 2, {300, 1, 65, 128, 17}, false}, rng, filter);
   pass &= run_check<Config<64, 64, kScalar, true, true, false, false, true, false>>(
-      {"d64 B=2 T=200 Hk=2 Hv=4 g beta ht", 2, 4, {200, 200}, false}, rng);
+      {"d64 B=2 T=200 Hk=2 Hv=4 g beta ht", 2, 4, {200, 200}, false}, rng, filter);
   pass &= run_check<Config<64, 64, kNoGate, true, false, false, true, false, true>>(
-      {"d64 varlen gate=none no-l2norm h0", 2, 2, {100, 1, 64, 129}, false}, rng);
+      {"d64 varlen gate=none no-l2norm h0", 2, 2, {100, 1, 64, 129}, false}, rng, filter);
   pass &= run_check<Config<128, 64, kScalar, false, true, false, true, true, false>>(
-      {"dk128 dv64 B=3 T=150 no delta rule h0 ht", 2, 2, {150, 150, 150}, false}, rng);
+      {"dk128 dv64 B=3 T=150 no delta rule h0 ht", 2, 2, {150, 150, 150}, false}, rng, filter);
   pass &= run_check<Config<64, 128, kScalar, true, true, true, false, false, false>>(
-      {"dk64 dv128 B=1 T=333 in-kernel gate fused qkv rows", 2, 2, {333}, true}, rng);
+      {"dk64 dv128 B=1 T=333 in-kernel gate fused qkv rows", 2, 2, {333}, true}, rng, filter);
   pass &= run_check<Config<128, 128, kScalar, false, false, false, false, true, true>>(
-      {"d128 varlen Hk=1 Hv=2 no delta no-l2norm ht", 1, 2, {1, 70, 300}, false}, rng);
+      {"d128 varlen Hk=1 Hv=2 no delta no-l2norm ht", 1, 2, {1, 70, 300}, false}, rng, filter);
   return pass;
 }
 
@@ -769,8 +771,14 @@ void run_timing(std::vector<TimingShape> shapes) {
 int main(int argc, char** argv) {
   bool self_test = false, check = false, timing = false;
   std::vector<TimingShape> shapes;
+  std::string filter;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg == "--filter" && i + 1 < argc) {
+      filter = argv[++i];
+      check = true;
+      continue;
+    }
     TimingShape shape{};
     if (arg == "--shape" && i + 1 < argc &&
         std::sscanf(argv[i + 1], "%dx%dx%d", &shape.batch, &shape.length, &shape.heads) == 3 && shape.batch > 0 &&
@@ -787,7 +795,8 @@ int main(int argc, char** argv) {
     } else if (arg == "--time") {
       timing = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--self-test] [--check] [--time] [--shape BxTxH ...]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--self-test] [--check] [--time] [--shape BxTxH ...] [--filter NAME_PART]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -801,7 +810,7 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
   }
-  if (check) pass &= run_checks();
+  if (check) pass &= run_checks(filter);
   if (timing) run_timing(shapes);
   std::printf("%s\n", pass ? "ALL PASS" : "SOME CHECKS FAILED");
   return pass ? 0 : 1;
