@@ -528,9 +528,10 @@ struct IntervalEvaluator::Impl {
   FloatValue score; // a score_mod's first argument
   bool floatResult = false;
 
-  // Live instructions by what they depend on: none (evaluated once, at
-  // creation), any leading argument, and per mask argument v those that do
-  // not depend on v (fixed) and those that do (varying).
+  // Live instructions by what they depend on: none (evaluated once per set
+  // of captures), any leading argument, and per mask argument v those that
+  // do not depend on v (fixed) and those that do (varying).
+  std::vector<Step> constantOrder;
   std::vector<Step> dependentOrder;
   std::vector<Step> fixedOrder[4], varyingOrder[4];
   std::vector<int32_t> varyingSlots[4]; // the Argument instructions of v
@@ -996,6 +997,36 @@ Range IntervalEvaluator::Impl::integerStep(const Step &s) {
 IntervalEvaluator::IntervalEvaluator(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
 IntervalEvaluator::~IntervalEvaluator() = default;
 
+namespace {
+/// What is wrong with `captures` for `program` (empty when they fit): the
+/// checks create and rebind share.
+std::string checkCaptureValues(const expr::Program &program,
+                               const std::vector<expr::CaptureValue> &captures) {
+  if (std::string problem = expr::checkCaptures(program, captures); !problem.empty())
+    return problem;
+  for (size_t c = 0; c < captures.size(); ++c) {
+    const expr::CaptureDecl &decl = program.captures[c];
+    if (!decl.isTensor && !expr::isFloat(decl.elementType)) {
+      int64_t v = captures[c].scalar.i;
+      if (sem::wrap(static_cast<u64>(v), expr::intWidth(decl.elementType)) != v)
+        return "capture '" + decl.name + "' holds " + std::to_string(v) + ", out of range for " +
+               expr::toString(decl.elementType);
+    }
+    if (decl.isTensor) {
+      int64_t elements = 1;
+      for (int64_t size : captures[c].sizes) {
+        if (size < 0)
+          return "capture '" + decl.name + "' has a negative size";
+        elements *= size;
+      }
+      if (elements > 0 && !captures[c].data)
+        return "capture '" + decl.name + "' has no data";
+    }
+  }
+  return {};
+}
+} // namespace
+
 EvaluatorResult IntervalEvaluator::create(const expr::Program &program,
                                           const std::vector<expr::CaptureValue> &captures) {
   EvaluatorResult result;
@@ -1003,34 +1034,9 @@ EvaluatorResult IntervalEvaluator::create(const expr::Program &program,
     result.error = problem;
     return result;
   }
-  if (std::string problem = expr::checkCaptures(program, captures); !problem.empty()) {
+  if (std::string problem = checkCaptureValues(program, captures); !problem.empty()) {
     result.error = problem;
     return result;
-  }
-  for (size_t c = 0; c < captures.size(); ++c) {
-    const expr::CaptureDecl &decl = program.captures[c];
-    if (!decl.isTensor && !expr::isFloat(decl.elementType)) {
-      int64_t v = captures[c].scalar.i;
-      if (sem::wrap(static_cast<u64>(v), expr::intWidth(decl.elementType)) != v) {
-        result.error = "capture '" + decl.name + "' holds " + std::to_string(v) +
-                       ", out of range for " + expr::toString(decl.elementType);
-        return result;
-      }
-    }
-    if (decl.isTensor) {
-      int64_t elements = 1;
-      for (int64_t size : captures[c].sizes) {
-        if (size < 0) {
-          result.error = "capture '" + decl.name + "' has a negative size";
-          return result;
-        }
-        elements *= size;
-      }
-      if (elements > 0 && !captures[c].data) {
-        result.error = "capture '" + decl.name + "' has no data";
-        return result;
-      }
-    }
   }
 
   auto impl = std::make_unique<Impl>();
@@ -1065,7 +1071,7 @@ EvaluatorResult IntervalEvaluator::create(const expr::Program &program,
 
   impl->singleIndex.assign(count, -1);
   impl->summaries.resize(captures.size());
-  std::vector<Step> constantOrder;
+  std::vector<Step> &constantOrder = impl->constantOrder;
   for (size_t n = 0; n < count; ++n) {
     if (!live[n])
       continue;
@@ -1127,6 +1133,19 @@ EvaluatorResult IntervalEvaluator::create(const expr::Program &program,
   impl->run(constantOrder);
   result.evaluator.reset(new IntervalEvaluator(std::move(impl)));
   return result;
+}
+
+std::string IntervalEvaluator::rebind(const std::vector<expr::CaptureValue> &captures) {
+  if (std::string problem = checkCaptureValues(impl->program, captures); !problem.empty())
+    return problem;
+  impl->captures = captures;
+  for (size_t c = 0; c < impl->summaries.size(); ++c)
+    if (impl->summaries[c])
+      impl->summaries[c] = std::make_unique<TensorSummary>(captures[c]);
+  impl->varyingArgument = -1;
+  impl->breakpoints.clear();
+  impl->run(impl->constantOrder);
+  return {};
 }
 
 const expr::Program &IntervalEvaluator::program() const { return impl->program; }

@@ -248,16 +248,26 @@ CallTileLists::CallTileLists(const AttentionKernelSpec &spec, const BoundCapture
                              const AttentionProblem &problem, const AttentionKernelPlan &plan)
     : spec_(spec), captures_(captures), problem_(problem), plan_(plan) {}
 
-CallTileLists::~CallTileLists() = default;
+CallTileLists::~CallTileLists() {
+  if (evaluator_)
+    spec_.maskEvaluators->give(std::move(evaluator_));
+}
 
 analysis::TileList CallTileLists::build(analysis::TileListKind pass) {
   const std::string where = "dflex attention '" + spec_.name + "': ";
   if (!evaluator_) {
-    analysis::EvaluatorResult created = analysis::IntervalEvaluator::create(
-        spec_.mask, captures_.forProgram(spec_.mask, spec_.layout));
-    if (!created.ok())
-      throw FormatError(where + "mask '" + spec_.mask.name + "': " + created.error);
-    evaluator_ = std::move(created.evaluator);
+    const std::vector<expr::CaptureValue> values = captures_.forProgram(spec_.mask, spec_.layout);
+    std::string problem;
+    evaluator_ = spec_.maskEvaluators->take();
+    if (evaluator_) {
+      problem = evaluator_->rebind(values);
+    } else {
+      analysis::EvaluatorResult created = analysis::IntervalEvaluator::create(spec_.mask, values);
+      problem = created.error;
+      evaluator_ = std::move(created.evaluator);
+    }
+    if (!problem.empty())
+      throw FormatError(where + "mask '" + spec_.mask.name + "': " + problem);
   }
   analysis::AttentionShape shape;
   shape.batches = problem_.batch;
@@ -404,6 +414,25 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
 } // namespace
 
 } // namespace detail
+
+MaskEvaluatorPool::MaskEvaluatorPool() = default;
+MaskEvaluatorPool::~MaskEvaluatorPool() = default;
+
+std::unique_ptr<analysis::IntervalEvaluator> MaskEvaluatorPool::take() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (kept_.empty())
+    return nullptr;
+  std::unique_ptr<analysis::IntervalEvaluator> evaluator = std::move(kept_.back());
+  kept_.pop_back();
+  return evaluator;
+}
+
+void MaskEvaluatorPool::give(std::unique_ptr<analysis::IntervalEvaluator> evaluator) {
+  constexpr size_t kKept = 4; // concurrent calls of one spec worth keeping for
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (kept_.size() < kKept)
+    kept_.push_back(std::move(evaluator));
+}
 
 AttentionOutputs attentionForward(const KernelBundle &bundle, const AttentionKernelSpec &spec,
                                   const torch::Tensor &q, const torch::Tensor &k,

@@ -100,6 +100,11 @@ public:
   /// capture number out of range, ...).
   static EvaluatorResult create(const expr::Program &program,
                                 const std::vector<expr::CaptureValue> &captures);
+  /// Takes new captures for the same program, as if created with them: the
+  /// program's analysis is kept, the captured tensors are summarised again.
+  /// Returns what is wrong with them (as create would), empty on success;
+  /// on failure the evaluator keeps its previous captures.
+  std::string rebind(const std::vector<expr::CaptureValue> &captures);
   ~IntervalEvaluator();
   IntervalEvaluator(const IntervalEvaluator &) = delete;
   IntervalEvaluator &operator=(const IntervalEvaluator &) = delete;

@@ -262,6 +262,9 @@ TEST_P(ExampleTileLists, MatchBruteForce) {
   const int64_t tiles[] = {16, 32, 64, 128};
   Tally tally;
   int64_t evaluations = 0;
+  // One evaluator for every trial, rebound to each trial's captures (as the
+  // runtime reuses them); its lists must equal a fresh evaluator's.
+  std::unique_ptr<analysis::IntervalEvaluator> reused;
   for (int trialIndex = 0; trialIndex < 20; ++trialIndex) {
     Trial trial;
     trial.shape.batches = uniform(rng, 1, 2);
@@ -272,7 +275,16 @@ TEST_P(ExampleTileLists, MatchBruteForce) {
       example.makeCaptures(rng, trial);
     auto created = analysis::IntervalEvaluator::create(program, trial.captures);
     ASSERT_TRUE(created.ok()) << created.error;
-    analysis::IntervalEvaluator &evaluator = *created.evaluator;
+    if (!reused) {
+      reused = std::move(created.evaluator);
+      created = analysis::IntervalEvaluator::create(program, trial.captures);
+      ASSERT_TRUE(created.ok()) << created.error;
+    } else {
+      const std::string problem = reused->rebind(trial.captures);
+      ASSERT_EQ(problem, "");
+    }
+    analysis::IntervalEvaluator &fresh = *created.evaluator;
+    analysis::IntervalEvaluator &evaluator = *reused;
     std::vector<Visibility> visibility;
     for (int64_t b = 0; b < trial.shape.batches; ++b)
       for (int64_t h = 0; h < trial.shape.heads; ++h)
@@ -285,6 +297,11 @@ TEST_P(ExampleTileLists, MatchBruteForce) {
           analysis::TileListResult built =
               analysis::buildTileList(evaluator, kind, trial.shape, queryTile, keyTile);
           ASSERT_TRUE(built.ok()) << built.error;
+          analysis::TileListResult reference =
+              analysis::buildTileList(fresh, kind, trial.shape, queryTile, keyTile);
+          ASSERT_TRUE(reference.ok()) << reference.error;
+          ASSERT_EQ(built.list.rowOffsets, reference.list.rowOffsets) << "rebound evaluator, trial " << trialIndex;
+          ASSERT_EQ(built.list.entries, reference.list.entries) << "rebound evaluator, trial " << trialIndex;
           evaluations += built.list.evaluations;
           checkList(built.list, kind, trial, visibility, byBatch, byHead, queryTile, keyTile,
                     tally);

@@ -443,6 +443,26 @@ TEST(IntervalEvaluator, DependenciesFollowLiveValuesOnly) {
   EXPECT_FALSE(deps.floatArithmetic);
 }
 
+TEST(IntervalEvaluator, RebindSeesNewCapturesOrKeepsTheOld) {
+  std::vector<int32_t> first = {5, 6, 7, 8, 9, 50, 60, 70, 80, 90};
+  std::vector<int32_t> second = {-3, -2, -1, 0, 1};
+  auto evaluator = make(readProgram(false, 0),
+                        {CaptureValue::ofTensor(first.data(), ScalarType::I32, {2, 5})});
+  AbstractValue leading[4] = {range(1, 1), range(0, 0), range(0, 0), range(1, 3)};
+  expectRange(evaluator->evaluate(leading), 60, 80);
+  // A different shape and values: summaries and constants follow them.
+  ASSERT_EQ(evaluator->rebind({CaptureValue::ofTensor(second.data(), ScalarType::I32, {1, 5})}), "");
+  leading[0] = range(0, 0);
+  expectRange(evaluator->evaluate(leading), -2, 0);
+  leading[0] = range(1, 1); // no such row any more: zero (no padding given)
+  expectRange(evaluator->evaluate(leading), 0, 0);
+  // Captures that do not fit are refused; the evaluator keeps the last ones.
+  const std::string problem = evaluator->rebind({CaptureValue::ofTensor(nullptr, ScalarType::I32, {1, 5})});
+  EXPECT_NE(problem.find("capture 't' has no data"), std::string::npos) << problem;
+  leading[0] = range(0, 0);
+  expectRange(evaluator->evaluate(leading), -2, 0);
+}
+
 TEST(IntervalEvaluator, RejectsMalformedInput) {
   Builder builder;
   builder.add(Opcode::Argument, ScalarType::Index, {}, 2);

@@ -19,6 +19,10 @@
 #include <string>
 #include <vector>
 
+namespace dflex::analysis {
+class IntervalEvaluator;
+} // namespace dflex::analysis
+
 namespace dflex::runtime {
 
 /// The launch constants of one pass, read back from a compiled module.
@@ -65,6 +69,27 @@ struct BundleBinary {
 
 /// A dflex.attention spec (its compile-time attributes) and everything
 /// needed to run it.
+/// Interval evaluators of one spec's mask kept between calls: creating one
+/// analyses the mask's program, while rebinding a kept one to a call's
+/// captures (IntervalEvaluator::rebind) only summarises them. Thread-safe;
+/// an evaluator taken is used by one thread until it is given back.
+class MaskEvaluatorPool {
+public:
+  MaskEvaluatorPool();
+  ~MaskEvaluatorPool();
+  MaskEvaluatorPool(const MaskEvaluatorPool &) = delete;
+  MaskEvaluatorPool &operator=(const MaskEvaluatorPool &) = delete;
+
+  /// A kept evaluator (bound to some earlier call's captures), or null.
+  std::unique_ptr<analysis::IntervalEvaluator> take();
+  /// Keeps `evaluator` for a later call (a few at most; the rest are freed).
+  void give(std::unique_ptr<analysis::IntervalEvaluator> evaluator);
+
+private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<analysis::IntervalEvaluator>> kept_;
+};
+
 struct AttentionKernelSpec : codegen::AttentionSpec {
   expr::Program mask;
   std::optional<expr::Program> scoreMod; // carries its derivative
@@ -78,6 +103,8 @@ struct AttentionKernelSpec : codegen::AttentionSpec {
   /// gives them for any arch.
   std::map<std::string, AttentionLaunches> launches;
   std::string sourceFile, sourceSha256;
+  /// The mask's evaluators for tile lists (shared by copies of the spec).
+  std::shared_ptr<MaskEvaluatorPool> maskEvaluators = std::make_shared<MaskEvaluatorPool>();
 
   const BundleKernel &kernel(const std::string &role) const;
   /// Whether the spec has a kernel of `role` (in some arch's binary).
