@@ -254,7 +254,9 @@ CallTileLists::~CallTileLists() {
 }
 
 analysis::TileList CallTileLists::build(analysis::TileListKind pass) {
-  const std::string where = "dflex attention '" + spec_.name + "': ";
+  auto fail = [&](const std::string &problem) {
+    throw FormatError("dflex attention '" + spec_.name + "': " + problem);
+  };
   if (!evaluator_) {
     const std::vector<expr::CaptureValue> values = captures_.forProgram(spec_.mask, spec_.layout);
     std::string problem;
@@ -267,7 +269,7 @@ analysis::TileList CallTileLists::build(analysis::TileListKind pass) {
       evaluator_ = std::move(created.evaluator);
     }
     if (!problem.empty())
-      throw FormatError(where + "mask '" + spec_.mask.name + "': " + problem);
+      fail("mask '" + spec_.mask.name + "': " + problem);
   }
   analysis::AttentionShape shape;
   shape.batches = problem_.batch;
@@ -279,7 +281,7 @@ analysis::TileList CallTileLists::build(analysis::TileListKind pass) {
   analysis::TileListResult list =
       analysis::buildTileList(*evaluator_, pass, shape, launch.blockM, launch.blockN);
   if (!list.ok())
-    throw FormatError(where + list.error);
+    fail(list.error);
   return std::move(list.list);
 }
 
