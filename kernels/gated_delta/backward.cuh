@@ -126,12 +126,12 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
   constexpr int kMOffset = 0;
   constexpr int kKeysOffset = StateBlockTile::kBytes;
   constexpr int kGradDeltaOffset = kKeysOffset + KeyTile::kBytes;
+  constexpr int kWOffset = kGradDeltaOffset + ValueBlockTile::kBytes;
 
   extern __shared__ __align__(128) unsigned char shared[];
   auto stage = [&](int index, int offset) {
     return reinterpret_cast<Element*>(shared + Layout::kStages + (index & 1) * Layout::kStageBytes + offset);
   };
-  Element* w_tile = reinterpret_cast<Element*>(shared + Layout::kW);
   Element* state_grad_tile = reinterpret_cast<Element*>(shared + Layout::kStateGrad);
 
   const int column0 = blockIdx.x * kBlock, hv = blockIdx.y, sequence = blockIdx.z;
@@ -158,23 +158,22 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
         grad_state[m][j][e] = Config::kFinalState ? p.grad_final_state[state_base + row * kDv + col] : 0.f;
       }
 
-  // Stage i: M block, decayed keys and d delta partial of chunk i; W of
-  // chunk i goes to its single buffer once chunk i+1 has finished with it.
-  auto issue_stage = [&](int i) {
+  // Stage i of chunk i, a step ahead, in two copy groups by when the step
+  // needs them: first the decayed keys and the d delta partial, then the M
+  // block and W (for the dS update at the end of the step).
+  auto issue = [&](int i) {
     const long long start = seq.start + 64 * i;
     const int rows = min(64, seq.length - 64 * i);
-    async_load_tile<StateBlockTile, kThreads>(stage(i, kMOffset), chunk_grad(i), kDv, kDk, thread);
     async_load_tile<KeyTile, kThreads>(stage(i, kKeysOffset), p.workspace.decayed_k + start * key_rows + hv * kDk,
                                        key_rows, rows, thread);
     async_load_tile<ValueBlockTile, kThreads>(stage(i, kGradDeltaOffset),
                                               p.workspace.grad_delta + start * value_rows + hv * kDv + column0,
                                               value_rows, rows, thread);
     cp_async_commit();
-  };
-  auto issue_w = [&](int i) {
-    const long long start = seq.start + 64 * i;
-    const int rows = min(64, seq.length - 64 * i);
-    async_load_tile<KeyTile, kThreads>(w_tile, p.workspace.w + start * key_rows + hv * kDk, key_rows, rows, thread);
+    async_load_tile<StateBlockTile, kThreads>(stage(i, kMOffset), chunk_grad(i), kDv, kDk, thread);
+    if constexpr (Config::kDeltaRule)
+      async_load_tile<KeyTile, kThreads>(stage(i, kWOffset), p.workspace.w + start * key_rows + hv * kDk, key_rows,
+                                         rows, thread);
     cp_async_commit();
   };
 
@@ -185,8 +184,7 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
   };
   float next_gate_last = 0.f;
   if (chunks > 0) {
-    issue_stage(chunks - 1);
-    if constexpr (Config::kDeltaRule) issue_w(chunks - 1);
+    issue(chunks - 1);
     next_gate_last = last_gate(chunks - 1);
   }
   for (int i = chunks - 1; i >= 0; --i) {
@@ -194,19 +192,17 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
     const int rows = min(64, seq.length - 64 * i);
     const float gate_last = next_gate_last;
     if (i > 0) {
-      issue_stage(i - 1);
+      issue(i - 1);
       next_gate_last = last_gate(i - 1);
-      cp_async_wait<1>();
+      cp_async_wait<3>();  // the first group of chunk i
     } else {
-      cp_async_wait<0>();
+      cp_async_wait<1>();
     }
 #pragma unroll
     for (int m = 0; m < kAtoms; ++m)
       store_accumulator<StateBlockTile>(state_grad_tile, grad_state[m], 1.f, 1.f, warp * kRowsPerWarp + 16 * m, 0,
                                         lane);
     __syncthreads();
-    // dH of chunk i over its M block (already in shared memory).
-    store_tile<StateBlockTile, kThreads>(chunk_grad(i), kDv, state_grad_tile, kDk, thread);
 
     // d delta = partial + (D K) dS, written over the partial in shared memory.
     Element* grad_delta = stage(i, kGradDeltaOffset);
@@ -225,7 +221,14 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
                                      partial.y + acc[j][2 * half + 1]);
         }
     }
+    if (i > 0) {
+      cp_async_wait<2>();  // the second group of chunk i
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
+    // dH of chunk i over its M block, which is in shared memory now.
+    store_tile<StateBlockTile, kThreads>(chunk_grad(i), kDv, state_grad_tile, kDk, thread);
     if constexpr (Config::kDeltaRule) {
       store_tile<ValueBlockTile, kThreads>(p.workspace.grad_delta + start * value_rows + hv * kDv + column0,
                                            value_rows, grad_delta, rows, thread);
@@ -252,7 +255,7 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
         float acc[kBlock / 8][4];
         zero(acc);
         warp_mma<Element, kBlock / 8, 4, true, true, KeyTile, ValueBlockTile>(
-            acc, w_tile, warp * kRowsPerWarp + 16 * m, 0, grad_delta, 0, 0, lane);
+            acc, stage(i, kWOffset), warp * kRowsPerWarp + 16 * m, 0, grad_delta, 0, 0, lane);
 #pragma unroll
         for (int j = 0; j < kBlock / 8; ++j)
 #pragma unroll
@@ -260,9 +263,6 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
       }
     }
     __syncthreads();
-    if constexpr (Config::kDeltaRule) {
-      if (i > 0) issue_w(i - 1);
-    }
   }
 
   if constexpr (Config::kInitialState) {

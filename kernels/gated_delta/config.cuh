@@ -106,12 +106,12 @@ struct GatedDeltaConfig {
     static constexpr int kGates = kStaging + kStagingBytes;
     static constexpr int kBytes = kGates + align_up_128(kChunk * 4);
   };
-  // Backward state: two stages of (M block, decayed k, d delta block), W, dS block.
+  // Backward state: two stages of (M block, decayed k, d delta block, W), dS block.
   struct BackwardState {
-    static constexpr int kStageBytes = StateBlockTile::kBytes + KeyTile::kBytes + ValueBlockTile::kBytes;
+    static constexpr int kStageBytes =
+        StateBlockTile::kBytes + KeyTile::kBytes + ValueBlockTile::kBytes + (kDeltaRule ? KeyTile::kBytes : 0);
     static constexpr int kStages = 0;
-    static constexpr int kW = kStages + 2 * kStageBytes;
-    static constexpr int kStateGrad = kW + (kDeltaRule ? KeyTile::kBytes : 0);
+    static constexpr int kStateGrad = kStages + 2 * kStageBytes;
     static constexpr int kBytes = kStateGrad + StateBlockTile::kBytes;
   };
   // Backward chunk: T, two stages of per-value-block tiles (the stage free

@@ -295,6 +295,9 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_state_ke
         state[m][j][e] = Config::kInitialState ? p.initial_state[state_base + row * kDv + col] : 0.f;
       }
 
+  // Stage i of chunk i, a step ahead, in two copy groups by when the step
+  // needs them: first W and U (V without the delta rule), then the decayed
+  // keys (for the state update at the end of the step).
   auto issue = [&](int i) {
     const long long start = seq.start + 64 * i;
     const int rows = min(64, seq.length - 64 * i);
@@ -309,6 +312,7 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_state_ke
                                                 p.v + start * p.v_row_stride + hv * kDv + column0, p.v_row_stride,
                                                 rows, thread);
     }
+    cp_async_commit();
     async_load_tile<KeyTile, kThreads>(stage(i, kKeysOffset), p.workspace.decayed_k + start * key_rows + hv * kDk,
                                        key_rows, rows, thread);
     cp_async_commit();
@@ -328,12 +332,13 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_state_ke
     const long long start = seq.start + 64 * i;
     const int rows = min(64, seq.length - 64 * i);
     const float gate_last = next_gate_last;
-    if (i + 1 < chunks) {
+    const bool prefetching = i + 1 < chunks;
+    if (prefetching) {
       issue(i + 1);
       next_gate_last = last_gate(i + 1);
-      cp_async_wait<1>();
+      cp_async_wait<3>();  // the first group of chunk i
     } else {
-      cp_async_wait<0>();
+      cp_async_wait<1>();
     }
 #pragma unroll
     for (int m = 0; m < kAtoms; ++m)
@@ -359,7 +364,14 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_state_ke
           const float2 u = load_pair<ValueBlockTile>(stage(i, kValuesOffset), row, col);
           store_pair<ValueBlockTile>(delta_tile, row, col, u.x - acc[j][2 * half], u.y - acc[j][2 * half + 1]);
         }
-      __syncthreads();
+    }
+    if (prefetching) {
+      cp_async_wait<2>();  // the second group of chunk i
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if constexpr (Config::kDeltaRule) {
       store_tile<ValueBlockTile, kThreads>(p.workspace.delta + start * value_rows + hv * kDv + column0, value_rows,
                                            delta_tile, rows, thread);
       delta_source = delta_tile;
