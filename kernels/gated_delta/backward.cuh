@@ -647,17 +647,20 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
       k_dot[half] = row_total(kKDotRow, row);
     }
   }
+  // Ungrouped dq, dk go through shared memory (the stage of dP o Gamma and
+  // G, free after the products above) for 16-byte row stores.
+  Element* grad_q_tile = stage(kValueBlocks + 1, 0);
+  Element* grad_k_tile = stage(kValueBlocks + 1, KeyTile::kBytes);
 #pragma unroll
   for (int j = 0; j < kKeyBlocks; ++j)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = row0 + fragment_row(lane, 2 * half), col = key_col0 + fragment_col(lane, j, 0);
-      if (row >= length) continue;
       float dq0 = grad_q[j][2 * half], dq1 = grad_q[j][2 * half + 1];
       float dk0 = grad_k[j][2 * half], dk1 = grad_k[j][2 * half + 1];
-      const long long token = start + row;
       if (grouped) {
-        const long long offset = (token * p.key_heads + hk) * kDk + col;
+        if (row >= length) continue;
+        const long long offset = ((start + row) * p.key_heads + hk) * kDk + col;
         global_add_pair(p.workspace.grad_q_accum + offset, dq0, dq1);
         global_add_pair(p.workspace.grad_k_accum + offset, dk0, dk1);
         continue;
@@ -669,9 +672,16 @@ __global__ void __launch_bounds__(Config::kChunkBackwardThreads)
         dk0 = k_inverse[row] * (dk0 - k.x * k_dot[half]);
         dk1 = k_inverse[row] * (dk1 - k.y * k_dot[half]);
       }
-      store_global_pair(p.grad_q + token * p.grad_q_row_stride + hk * kDk + col, dq0, dq1);
-      store_global_pair(p.grad_k + token * p.grad_k_row_stride + hk * kDk + col, dk0, dk1);
+      store_pair<KeyTile>(grad_q_tile, row, col, dq0, dq1);
+      store_pair<KeyTile>(grad_k_tile, row, col, dk0, dk1);
     }
+  if (!grouped) {
+    __syncthreads();
+    store_tile<KeyTile, kThreads>(p.grad_q + start * p.grad_q_row_stride + hk * kDk, p.grad_q_row_stride,
+                                  grad_q_tile, length, thread);
+    store_tile<KeyTile, kThreads>(p.grad_k + start * p.grad_k_row_stride + hk * kDk, p.grad_k_row_stride,
+                                  grad_k_tile, length, thread);
+  }
 
   // dc per row, then dg = reverse cumulative sum over the chunk; thread i
   // handles row 63 - i so that the scan runs forward.

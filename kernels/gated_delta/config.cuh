@@ -115,8 +115,9 @@ struct GatedDeltaConfig {
     static constexpr int kBytes = kStateGrad + StateBlockTile::kBytes;
   };
   // Backward chunk: T, two stages of per-value-block tiles (the stage free
-  // during the last block receives q and k), dX blocks, per-row scalars. After
-  // the value loop, dP o Gamma and G overlay the other stage.
+  // during the last block receives q and k), dX blocks (dX, E dX), per-row
+  // scalars. After the value loop, dP o Gamma and G overlay the other
+  // stage, and then dq and dk on their way out.
   struct BackwardChunk {
     static constexpr int kGradOOffset = 0;  // offsets inside a stage
     static constexpr int kStateOffset = kGradOOffset + ValueBlockTile::kBytes;
