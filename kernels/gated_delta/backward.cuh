@@ -4,7 +4,7 @@
 //   prepare   grid (max_chunks, Hv), kThreads        per chunk, in parallel:
 //             d delta partial = scale lower(Q K^T o Gamma)^T dO  -> grad_delta
 //             M = scale Q^T E dO  (Dk x Dv)                      -> chunk_state_grads
-//   state     grid (Dv / kValueBlock, Hv, N), kThreads   sequential, last chunk first, dS = dL/d(state):
+//   state     grid (Dv / kValueBlock, Hv, N), kStateThreads   sequential, last chunk first, dS = dL/d(state):
 //             dH of each chunk (= dS at its end)                 -> chunk_state_grads (over M)
 //             d delta = partial + (D K) dS                        -> grad_delta (grad_v without the rule)
 //             dS = exp(c_last) dS + M - W^T d delta; d initial state
@@ -115,14 +115,14 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_prepare
 }
 
 template <class Config>
-__global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_kernel(const GatedDeltaParams p) {
+__global__ void __launch_bounds__(Config::kStateThreads) gated_delta_backward_state_kernel(const GatedDeltaParams p) {
   using Element = typename Config::Element;
   using KeyTile = typename Config::KeyTile;
   using ValueBlockTile = typename Config::ValueBlockTile;
   using StateBlockTile = typename Config::StateBlockTile;
   using Layout = typename Config::BackwardState;
-  constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kThreads;
-  constexpr int kBlock = Config::kValueBlock, kAtoms = Config::kStateAtoms, kRowsPerWarp = Config::kStateRowsPerWarp;
+  constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kStateThreads;
+  constexpr int kBlock = Config::kValueBlock, kSliceColumns = kBlock / Config::kStateSlices;
   constexpr int kMOffset = 0;
   constexpr int kKeysOffset = StateBlockTile::kBytes;
   constexpr int kGradDeltaOffset = kKeysOffset + KeyTile::kBytes;
@@ -147,16 +147,18 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
            column0;
   };
 
-  float grad_state[kAtoms][kBlock / 8][4];
+  // The warp's rows and columns of the 64-row product d delta = partial + (D K) dS.
+  const int delta_row0 = 16 * (warp & 3), delta_col0 = kSliceColumns * (warp >> 2);
+
+  // dS, fp32 in registers: warp w owns rows 16w..16w+15.
+  float grad_state[kBlock / 8][4];
 #pragma unroll
-  for (int m = 0; m < kAtoms; ++m)
+  for (int j = 0; j < kBlock / 8; ++j)
 #pragma unroll
-    for (int j = 0; j < kBlock / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = warp * kRowsPerWarp + 16 * m + fragment_row(lane, e), col = fragment_col(lane, j, e);
-        grad_state[m][j][e] = Config::kFinalState ? p.grad_final_state[state_base + row * kDv + col] : 0.f;
-      }
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * warp + fragment_row(lane, e), col = fragment_col(lane, j, e);
+      grad_state[j][e] = Config::kFinalState ? p.grad_final_state[state_base + row * kDv + col] : 0.f;
+    }
 
   // Stage i of chunk i, a step ahead, in two copy groups by when the step
   // needs them: first the decayed keys and the d delta partial, then the M
@@ -198,24 +200,21 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
     } else {
       cp_async_wait<1>();
     }
-#pragma unroll
-    for (int m = 0; m < kAtoms; ++m)
-      store_accumulator<StateBlockTile>(state_grad_tile, grad_state[m], 1.f, 1.f, warp * kRowsPerWarp + 16 * m, 0,
-                                        lane);
+    store_accumulator<StateBlockTile>(state_grad_tile, grad_state, 1.f, 1.f, 16 * warp, 0, lane);
     __syncthreads();
 
     // d delta = partial + (D K) dS, written over the partial in shared memory.
     Element* grad_delta = stage(i, kGradDeltaOffset);
     {
-      float acc[kBlock / 8][4];
+      float acc[kSliceColumns / 8][4];
       zero(acc);
-      warp_mma<Element, kBlock / 8, kDk / 16, false, true, KeyTile, StateBlockTile>(
-          acc, stage(i, kKeysOffset), 16 * warp, 0, state_grad_tile, 0, 0, lane);
+      warp_mma<Element, kSliceColumns / 8, kDk / 16, false, true, KeyTile, StateBlockTile>(
+          acc, stage(i, kKeysOffset), delta_row0, 0, state_grad_tile, delta_col0, 0, lane);
 #pragma unroll
-      for (int j = 0; j < kBlock / 8; ++j)
+      for (int j = 0; j < kSliceColumns / 8; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = 16 * warp + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+          const int row = delta_row0 + fragment_row(lane, 2 * half), col = delta_col0 + fragment_col(lane, j, 0);
           const float2 partial = load_pair<ValueBlockTile>(grad_delta, row, col);
           store_pair<ValueBlockTile>(grad_delta, row, col, partial.x + acc[j][2 * half],
                                      partial.y + acc[j][2 * half + 1]);
@@ -241,41 +240,36 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_backward_state_k
     const float decay = fast_exp(gate_last);
     const Element* m_block = stage(i, kMOffset);
 #pragma unroll
-    for (int m = 0; m < kAtoms; ++m) {
+    for (int j = 0; j < kBlock / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = 16 * warp + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+        const float2 add = load_pair<StateBlockTile>(m_block, row, col);
+        grad_state[j][2 * half] = decay * grad_state[j][2 * half] + add.x;
+        grad_state[j][2 * half + 1] = decay * grad_state[j][2 * half + 1] + add.y;
+      }
+    if constexpr (Config::kDeltaRule) {
+      float acc[kBlock / 8][4];
+      zero(acc);
+      warp_mma<Element, kBlock / 8, 4, true, true, KeyTile, ValueBlockTile>(acc, stage(i, kWOffset), 16 * warp, 0,
+                                                                           grad_delta, 0, 0, lane);
 #pragma unroll
       for (int j = 0; j < kBlock / 8; ++j)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = warp * kRowsPerWarp + 16 * m + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
-          const float2 add = load_pair<StateBlockTile>(m_block, row, col);
-          grad_state[m][j][2 * half] = decay * grad_state[m][j][2 * half] + add.x;
-          grad_state[m][j][2 * half + 1] = decay * grad_state[m][j][2 * half + 1] + add.y;
-        }
-      if constexpr (Config::kDeltaRule) {
-        float acc[kBlock / 8][4];
-        zero(acc);
-        warp_mma<Element, kBlock / 8, 4, true, true, KeyTile, ValueBlockTile>(
-            acc, stage(i, kWOffset), warp * kRowsPerWarp + 16 * m, 0, grad_delta, 0, 0, lane);
-#pragma unroll
-        for (int j = 0; j < kBlock / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) grad_state[m][j][e] -= acc[j][e];
-      }
+        for (int e = 0; e < 4; ++e) grad_state[j][e] -= acc[j][e];
     }
     __syncthreads();
   }
 
   if constexpr (Config::kInitialState) {
 #pragma unroll
-    for (int m = 0; m < kAtoms; ++m)
+    for (int j = 0; j < kBlock / 8; ++j)
 #pragma unroll
-      for (int j = 0; j < kBlock / 8; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = warp * kRowsPerWarp + 16 * m + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
-          *reinterpret_cast<float2*>(p.grad_initial_state + state_base + row * kDv + col) =
-              make_float2(grad_state[m][j][2 * half], grad_state[m][j][2 * half + 1]);
-        }
+      for (int half = 0; half < 2; ++half) {
+        const int row = 16 * warp + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+        *reinterpret_cast<float2*>(p.grad_initial_state + state_base + row * kDv + col) =
+            make_float2(grad_state[j][2 * half], grad_state[j][2 * half + 1]);
+      }
   }
 }
 

@@ -55,10 +55,16 @@ struct GatedDeltaConfig {
   using StateBlockTile = SwizzledTile<kKeyDim, kValueBlock>;  // a value-column block of a state
   using HalfStateTile = SwizzledTile<kKeyDim, 64>;          // 64 value columns of a state
 
-  // State rows per warp in the state kernels (the state is kKeyDim x kValueBlock).
+  // State rows per warp of the backward prepare kernel's Q^T dO (kKeyDim rows).
   static constexpr int kStateRowsPerWarp = kKeyDim / kWarps;
   static constexpr int kStateAtoms = kStateRowsPerWarp / 16;
   static_assert(kStateAtoms * 16 * kWarps == kKeyDim, "state rows must split into 16-row blocks per warp");
+  // The sequential state kernels: one warp per 16 rows of the kKeyDim x
+  // kValueBlock state (more warps shorten each chunk step, which is latency
+  // bound); their 64-row products split into 4 row blocks x kStateSlices
+  // column slices of the value block.
+  static constexpr int kStateThreads = 2 * kKeyDim;
+  static constexpr int kStateSlices = kStateThreads / 128;
   static_assert(kValueDim % kValueBlock == 0, "value dim must be whole value blocks");
 
   // Padded fp32 rows of the in-chunk solve (A, then T) and of its block-row

@@ -4,7 +4,7 @@
 //   prepare  grid (max_chunks, Hv), kThreads      per chunk and value head, in parallel:
 //            cumulative gates c, A = strict_lower(B (K K^T) o Gamma), T = (I + A)^-1,
 //            W = T B E K, U = T B V, decayed keys D K  -> workspace
-//   state    grid (Dv / kValueBlock, Hv, N), kThreads   sequential over the chunks of a sequence:
+//   state    grid (Dv / kValueBlock, Hv, N), kStateThreads   sequential over the chunks of a sequence:
 //            S0 of each chunk -> chunk_states; delta = U - W S0 -> workspace;
 //            S = exp(c_last) S0 + (D K)^T delta; final state
 //   output   grid (max_chunks, Hv), kThreads      per chunk and value head, in parallel:
@@ -255,14 +255,14 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_prepare_
 }
 
 template <class Config>
-__global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_state_kernel(const GatedDeltaParams p) {
+__global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_state_kernel(const GatedDeltaParams p) {
   using Element = typename Config::Element;
   using KeyTile = typename Config::KeyTile;
   using ValueBlockTile = typename Config::ValueBlockTile;
   using StateBlockTile = typename Config::StateBlockTile;
   using Layout = typename Config::ForwardState;
-  constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kThreads;
-  constexpr int kBlock = Config::kValueBlock, kAtoms = Config::kStateAtoms, kRowsPerWarp = Config::kStateRowsPerWarp;
+  constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kStateThreads;
+  constexpr int kBlock = Config::kValueBlock, kSliceColumns = kBlock / Config::kStateSlices;
   constexpr int kWOffset = 0;
   constexpr int kKeysOffset = Config::kDeltaRule ? KeyTile::kBytes : 0;
   constexpr int kValuesOffset = kKeysOffset + KeyTile::kBytes;
@@ -282,18 +282,18 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_state_ke
   const long long key_rows = static_cast<long long>(hv_count) * kDk;    // row stride of [T, Hv, Dk]
   const long long value_rows = static_cast<long long>(hv_count) * kDv;  // row stride of [T, Hv, Dv]
   const long long state_base = (static_cast<long long>(sequence) * hv_count + hv) * kDk * kDv + column0;
+  // The warp's rows and columns of the 64-row product delta = U - W S0.
+  const int delta_row0 = 16 * (warp & 3), delta_col0 = kSliceColumns * (warp >> 2);
 
-  // The state block, fp32 in registers: warp w owns rows w*kRowsPerWarp + 16m + ...
-  float state[kAtoms][kBlock / 8][4];
+  // The state block, fp32 in registers: warp w owns rows 16w..16w+15.
+  float state[kBlock / 8][4];
 #pragma unroll
-  for (int m = 0; m < kAtoms; ++m)
+  for (int j = 0; j < kBlock / 8; ++j)
 #pragma unroll
-    for (int j = 0; j < kBlock / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = warp * kRowsPerWarp + 16 * m + fragment_row(lane, e), col = fragment_col(lane, j, e);
-        state[m][j][e] = Config::kInitialState ? p.initial_state[state_base + row * kDv + col] : 0.f;
-      }
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * warp + fragment_row(lane, e), col = fragment_col(lane, j, e);
+      state[j][e] = Config::kInitialState ? p.initial_state[state_base + row * kDv + col] : 0.f;
+    }
 
   // Stage i of chunk i, a step ahead, in two copy groups by when the step
   // needs them: first W and U (V without the delta rule), then the decayed
@@ -340,9 +340,7 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_state_ke
     } else {
       cp_async_wait<1>();
     }
-#pragma unroll
-    for (int m = 0; m < kAtoms; ++m)
-      store_accumulator<StateBlockTile>(state_tile, state[m], 1.f, 1.f, warp * kRowsPerWarp + 16 * m, 0, lane);
+    store_accumulator<StateBlockTile>(state_tile, state, 1.f, 1.f, 16 * warp, 0, lane);
     __syncthreads();
     store_tile<StateBlockTile, kThreads>(
         p.workspace.chunk_states + (static_cast<long long>(seq.first_chunk + i) * hv_count + hv) * kDk * kDv + column0,
@@ -350,17 +348,16 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_state_ke
 
     const Element* delta_source = stage(i, kValuesOffset);
     if constexpr (Config::kDeltaRule) {
-      // delta = U - W S0 for the warp's 16 rows.
-      float acc[kBlock / 8][4];
+      // delta = U - W S0 for the warp's 16 rows and column slice.
+      float acc[kSliceColumns / 8][4];
       zero(acc);
-      warp_mma<Element, kBlock / 8, kDk / 16, false, true, KeyTile, StateBlockTile>(acc, stage(i, kWOffset),
-                                                                                    16 * warp, 0, state_tile, 0, 0,
-                                                                                    lane);
+      warp_mma<Element, kSliceColumns / 8, kDk / 16, false, true, KeyTile, StateBlockTile>(
+          acc, stage(i, kWOffset), delta_row0, 0, state_tile, delta_col0, 0, lane);
 #pragma unroll
-      for (int j = 0; j < kBlock / 8; ++j)
+      for (int j = 0; j < kSliceColumns / 8; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = 16 * warp + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+          const int row = delta_row0 + fragment_row(lane, 2 * half), col = delta_col0 + fragment_col(lane, j, 0);
           const float2 u = load_pair<ValueBlockTile>(stage(i, kValuesOffset), row, col);
           store_pair<ValueBlockTile>(delta_tile, row, col, u.x - acc[j][2 * half], u.y - acc[j][2 * half + 1]);
         }
@@ -379,28 +376,23 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_state_ke
     // S = exp(c_last) S0 + (D K)^T delta
     const float decay = fast_exp(gate_last);
 #pragma unroll
-    for (int m = 0; m < kAtoms; ++m) {
+    for (int j = 0; j < kBlock / 8; ++j)
 #pragma unroll
-      for (int j = 0; j < kBlock / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) state[m][j][e] *= decay;
-      warp_mma<Element, kBlock / 8, 4, true, true, KeyTile, ValueBlockTile>(
-          state[m], stage(i, kKeysOffset), warp * kRowsPerWarp + 16 * m, 0, delta_source, 0, 0, lane);
-    }
+      for (int e = 0; e < 4; ++e) state[j][e] *= decay;
+    warp_mma<Element, kBlock / 8, 4, true, true, KeyTile, ValueBlockTile>(state, stage(i, kKeysOffset), 16 * warp, 0,
+                                                                         delta_source, 0, 0, lane);
     __syncthreads();
   }
 
   if constexpr (Config::kFinalState) {
 #pragma unroll
-    for (int m = 0; m < kAtoms; ++m)
+    for (int j = 0; j < kBlock / 8; ++j)
 #pragma unroll
-      for (int j = 0; j < kBlock / 8; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = warp * kRowsPerWarp + 16 * m + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
-          *reinterpret_cast<float2*>(p.final_state + state_base + row * kDv + col) =
-              make_float2(state[m][j][2 * half], state[m][j][2 * half + 1]);
-        }
+      for (int half = 0; half < 2; ++half) {
+        const int row = 16 * warp + fragment_row(lane, 2 * half), col = fragment_col(lane, j, 0);
+        *reinterpret_cast<float2*>(p.final_state + state_base + row * kDv + col) =
+            make_float2(state[j][2 * half], state[j][2 * half + 1]);
+      }
   }
 }
 

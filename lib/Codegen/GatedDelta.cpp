@@ -33,8 +33,9 @@ Result<GeneratedModule> generateGatedDelta(const GatedDeltaSpec &spec,
          << flag(spec.finalState) << ", /*varlen=*/" << flag(spec.varlen) << ">;\n"
          << "} // namespace dflex_generated\n\n"
          << "// Launch constants, read back from the compiled module.\n"
-         << "extern \"C\" __device__ const int dflex_gated_delta_launch[12] = {\n"
+         << "extern \"C\" __device__ const int dflex_gated_delta_launch[13] = {\n"
          << "    dflex_generated::Config::kThreads, dflex_generated::Config::kChunkBackwardThreads,\n"
+         << "    dflex_generated::Config::kStateThreads,\n"
          << "    ::dflex::kernels::kChunkTableThreads, ::dflex::kernels::kFinalizeThreads,\n"
          << "    ::dflex::kernels::kGatedDeltaChunk, dflex_generated::Config::kValueBlock,\n"
          << "    dflex_generated::Config::ForwardPrepare::kBytes,\n"
@@ -62,7 +63,7 @@ Result<GeneratedModule> generateGatedDelta(const GatedDeltaSpec &spec,
     module.kernels.push_back({"gated_delta_backward_gate_params", kernel("backward_gate_params")});
   module.launchConstants = {
       {"dflex_gated_delta_launch",
-       {"threads", "chunk_backward_threads", "chunk_table_threads", "finalize_threads", "chunk",
+       {"threads", "chunk_backward_threads", "state_threads", "chunk_table_threads", "finalize_threads", "chunk",
         "value_block", "forward_prepare_shared_bytes", "forward_state_shared_bytes",
         "forward_output_shared_bytes", "backward_prepare_shared_bytes",
         "backward_state_shared_bytes", "backward_chunk_shared_bytes"}},

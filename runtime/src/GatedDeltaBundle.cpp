@@ -82,6 +82,7 @@ GatedDeltaLaunch parseLaunch(const JsonObject &constants, const GatedDeltaKernel
   GatedDeltaLaunch launch;
   launch.threads = constant("threads");
   launch.chunkBackwardThreads = constant("chunk_backward_threads");
+  launch.stateThreads = constant("state_threads");
   launch.chunkTableThreads = constant("chunk_table_threads");
   launch.finalizeThreads = constant("finalize_threads");
   launch.chunk = constant("chunk");

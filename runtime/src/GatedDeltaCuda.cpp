@@ -53,6 +53,8 @@ int64_t threadsOf(const GatedDeltaLaunch &launch, const std::string &role) {
     return launch.chunkTableThreads;
   if (role == kBackwardChunk)
     return launch.chunkBackwardThreads;
+  if (role == kForwardState || role == kBackwardState)
+    return launch.stateThreads;
   if (role == kBackwardFinalize || role == kBackwardGateParams)
     return launch.finalizeThreads;
   return launch.threads;
@@ -325,7 +327,7 @@ void launchForward(const LoadedGatedDelta &loaded, const GatedDeltaKernelSpec &s
   if (spec.varlen)
     launch(kChunkTable, {1, 1, 1}, loaded.launch.chunkTableThreads);
   launch(kForwardPrepare, launch.perChunk(), threads);
-  launch(kForwardState, launch.perValueBlock(), threads);
+  launch(kForwardState, launch.perValueBlock(), loaded.launch.stateThreads);
   launch(kForwardOutput, launch.perChunk(), threads);
 }
 
@@ -336,7 +338,7 @@ void launchBackward(const LoadedGatedDelta &loaded, const GatedDeltaKernelSpec &
   Launches launch(loaded, spec, params, stream);
   const int64_t threads = loaded.launch.threads, finalizeThreads = loaded.launch.finalizeThreads;
   launch(kBackwardPrepare, launch.perChunk(), threads);
-  launch(kBackwardState, launch.perValueBlock(), threads);
+  launch(kBackwardState, launch.perValueBlock(), loaded.launch.stateThreads);
   launch(kBackwardChunk, launch.perChunk(), loaded.launch.chunkBackwardThreads);
   if (params.value_heads != params.key_heads) {
     // One warp per (token, key head) row.

@@ -71,7 +71,7 @@ struct GeneratedModule {
 
 /// Template version folded into every cache key: bump when the code
 /// generator changes what it emits for the same input.
-constexpr const char *kTemplateVersion = "dflex-templates-3";
+constexpr const char *kTemplateVersion = "dflex-templates-4";
 
 /// The layout of a bundle's manifest.json (docs/bundle.md), which
 /// dflex-compile writes and the runtime reads: bump when it changes.

@@ -91,7 +91,7 @@ struct Launcher {
     CUDA_CHECK(cudaGetLastError());
     between("fwd prepare");
     gated_delta_forward_state_kernel<Config>
-        <<<dim3(Config::kValueDim / Config::kValueBlock, hv, p.num_sequences), kThreads,
+        <<<dim3(Config::kValueDim / Config::kValueBlock, hv, p.num_sequences), Config::kStateThreads,
            Config::ForwardState::kBytes>>>(p);
     CUDA_CHECK(cudaGetLastError());
     between("fwd state");
@@ -117,7 +117,7 @@ struct Launcher {
     CUDA_CHECK(cudaGetLastError());
     between("bwd prepare");
     gated_delta_backward_state_kernel<Config>
-        <<<dim3(Config::kValueDim / Config::kValueBlock, hv, p.num_sequences), kThreads,
+        <<<dim3(Config::kValueDim / Config::kValueBlock, hv, p.num_sequences), Config::kStateThreads,
            Config::BackwardState::kBytes>>>(p);
     CUDA_CHECK(cudaGetLastError());
     between("bwd state");

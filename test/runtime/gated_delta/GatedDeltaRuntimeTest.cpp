@@ -101,6 +101,7 @@ void writeBundle(const std::string &directory, const std::function<void(JsonValu
     const std::pair<const char *, int64_t> constants[] = {
         {"threads", 128},
         {"chunk_backward_threads", 256},
+        {"state_threads", 256},
         {"chunk_table_threads", 1024},
         {"finalize_threads", 256},
         {"chunk", 64},
@@ -178,6 +179,7 @@ TEST(GatedDeltaBundle, OpensAndDescribesItsSpecs) {
   const GatedDeltaLaunch &hopper = spec.launches.at("sm_90a");
   EXPECT_EQ(hopper.threads, 128);
   EXPECT_EQ(hopper.chunkBackwardThreads, 256);
+  EXPECT_EQ(hopper.stateThreads, 256);
   EXPECT_EQ(hopper.valueBlock, 32);
   EXPECT_EQ(hopper.sharedBytes.at("gated_delta_backward_chunk"), 84352);
   EXPECT_EQ(hopper.sharedBytes.size(), 6u);

@@ -19,6 +19,7 @@ namespace dflex::runtime {
 struct GatedDeltaLaunch {
   int64_t threads = 0;              // prepare, state and output kernels
   int64_t chunkBackwardThreads = 0; // backward chunk kernel
+  int64_t stateThreads = 0;         // forward and backward state kernels
   int64_t chunkTableThreads = 0;    // varlen chunk table
   int64_t finalizeThreads = 0;      // grouped-head finalize, gate parameters
   int64_t chunk = 0;                // tokens per chunk
