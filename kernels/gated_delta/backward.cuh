@@ -1,5 +1,5 @@
 // Backward of the chunked gated delta rule. It reads the forward's workspace
-// (gates, W, decayed keys, delta, T, chunk states) and runs, in order:
+// (gates, key_decay, W, delta, T, chunk states) and runs, in order:
 //
 //   prepare   grid (max_chunks, Hv), kThreads        per chunk, in parallel:
 //             d delta partial = scale lower(Q K^T o Gamma)^T dO  -> grad_delta
@@ -7,6 +7,7 @@
 //   state     grid (Dv / kValueBlock, Hv, N), kStateThreads   sequential, last chunk first, dS = dL/d(state):
 //             dH of each chunk (= dS at its end)                 -> chunk_state_grads (over M)
 //             d delta = partial + (D K) dS                        -> grad_delta (grad_v without the rule)
+//             (D K dS as the raw keys' product scaled by key_decay = D / |k| per row)
 //             dS = exp(c_last) dS + M - W^T d delta; d initial state
 //   chunk     grid (max_chunks, Hv), kChunkBackwardThreads   per chunk, in parallel: dq, dk, dv,
 //             dg, dbeta (or da, db and per-chunk dA_log, d dt_bias partials)
@@ -135,6 +136,7 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_backward_st
   Element* state_grad_tile = reinterpret_cast<Element*>(shared + Layout::kStateGrad);
 
   const int column0 = blockIdx.x * kBlock, hv = blockIdx.y, sequence = blockIdx.z;
+  const int hk = hv / (p.value_heads / p.key_heads);
   const int hv_count = p.value_heads;
   const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
   const SequenceCoordinates seq = locate_sequence<Config>(p, sequence);
@@ -161,13 +163,13 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_backward_st
     }
 
   // Stage i of chunk i, a step ahead, in two copy groups by when the step
-  // needs them: first the decayed keys and the d delta partial, then the M
+  // needs them: first the keys and the d delta partial, then the M
   // block and W (for the dS update at the end of the step).
   auto issue = [&](int i) {
     const long long start = seq.start + 64 * i;
     const int rows = min(64, seq.length - 64 * i);
-    async_load_tile<KeyTile, kThreads>(stage(i, kKeysOffset), p.workspace.decayed_k + start * key_rows + hv * kDk,
-                                       key_rows, rows, thread);
+    async_load_tile<KeyTile, kThreads>(stage(i, kKeysOffset), p.k + start * p.k_row_stride + hk * kDk,
+                                       p.k_row_stride, rows, thread);
     async_load_tile<ValueBlockTile, kThreads>(stage(i, kGradDeltaOffset),
                                               p.workspace.grad_delta + start * value_rows + hv * kDv + column0,
                                               value_rows, rows, thread);
@@ -179,23 +181,35 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_backward_st
     cp_async_commit();
   };
 
-  // The chunk's last cumulative gate, loaded a step ahead (it is on the critical path).
-  auto last_gate = [&](int i) {
-    const int rows = min(64, seq.length - 64 * i);
-    return p.workspace.gate_cumsum[(seq.start + 64LL * i + rows - 1) * hv_count + hv];
+  // The chunk's last cumulative gate and the key_decay of the thread's two
+  // d delta rows, loaded a step ahead (they are on the critical path).
+  struct StepScalars {
+    float gate_last = 0.f, key_decay[2] = {0.f, 0.f};
   };
-  float next_gate_last = 0.f;
+  auto load_scalars = [&](int i) {
+    StepScalars next;
+    const long long start = seq.start + 64LL * i;
+    const int rows = min(64, seq.length - 64 * i);
+    next.gate_last = p.workspace.gate_cumsum[(start + rows - 1) * hv_count + hv];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = delta_row0 + fragment_row(lane, 2 * half);
+      if (row < rows) next.key_decay[half] = p.workspace.key_decay[(start + row) * hv_count + hv];
+    }
+    return next;
+  };
+  StepScalars next;
   if (chunks > 0) {
     issue(chunks - 1);
-    next_gate_last = last_gate(chunks - 1);
+    next = load_scalars(chunks - 1);
   }
   for (int i = chunks - 1; i >= 0; --i) {
     const long long start = seq.start + 64 * i;
     const int rows = min(64, seq.length - 64 * i);
-    const float gate_last = next_gate_last;
+    const StepScalars now = next;
     if (i > 0) {
       issue(i - 1);
-      next_gate_last = last_gate(i - 1);
+      next = load_scalars(i - 1);
       cp_async_wait<3>();  // the first group of chunk i
     } else {
       cp_async_wait<1>();
@@ -216,8 +230,8 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_backward_st
         for (int half = 0; half < 2; ++half) {
           const int row = delta_row0 + fragment_row(lane, 2 * half), col = delta_col0 + fragment_col(lane, j, 0);
           const float2 partial = load_pair<ValueBlockTile>(grad_delta, row, col);
-          store_pair<ValueBlockTile>(grad_delta, row, col, partial.x + acc[j][2 * half],
-                                     partial.y + acc[j][2 * half + 1]);
+          store_pair<ValueBlockTile>(grad_delta, row, col, partial.x + now.key_decay[half] * acc[j][2 * half],
+                                     partial.y + now.key_decay[half] * acc[j][2 * half + 1]);
         }
     }
     if (i > 0) {
@@ -237,7 +251,7 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_backward_st
     }
 
     // dS = exp(c_last) dS + M - W^T d delta
-    const float decay = fast_exp(gate_last);
+    const float decay = fast_exp(now.gate_last);
     const Element* m_block = stage(i, kMOffset);
 #pragma unroll
     for (int j = 0; j < kBlock / 8; ++j)

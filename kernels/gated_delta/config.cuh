@@ -47,7 +47,7 @@ struct GatedDeltaConfig {
   static constexpr int kChunkBackwardSlices = kChunkBackwardThreads / 128;  // warp column slices per 16-row block
   static constexpr int kWarps = kThreads / 32;
 
-  using KeyTile = SwizzledTile<kChunk, kKeyDim>;            // q, k, W, decayed k of one chunk
+  using KeyTile = SwizzledTile<kChunk, kKeyDim>;            // q, k, W of one chunk
   using ValueTile = SwizzledTile<kChunk, kValueDim>;        // v, delta, dO of one chunk
   using ChunkTile = SwizzledTile<kChunk, kChunk>;           // T, P, dP, G
   using StateTile = SwizzledTile<kKeyDim, kValueDim>;       // one chunk state
@@ -67,28 +67,30 @@ struct GatedDeltaConfig {
   static constexpr int kStateSlices = kStateThreads / 128;
   static_assert(kValueDim % kValueBlock == 0, "value dim must be whole value blocks");
 
-  // Padded fp32 rows of the in-chunk solve (A, then T) and of its block-row
-  // scratch: 16-byte aligned, with row starts spread over the banks.
-  static constexpr int kFloatRow = kChunk + 4;
-  static constexpr int kBlockRowFloats = 52;
-
-  // Forward prepare: k, v, T (bf16), A then T in place (fp32), block-row scratch, gates.
+  // Forward prepare: k, v; T and A as bf16 high and low parts (x = high +
+  // low to about 2^-16, so the tensor-core solve keeps fp32 accuracy; T's high
+  // part is T in bf16); the fp32 diagonal 16x16 blocks of A; gates.
+  static constexpr int kDiagonalRow = 17;  // padded fp32 row of a diagonal block
   struct ForwardPrepare {
     static constexpr int kKeys = 0;
     static constexpr int kValues = kKeys + KeyTile::kBytes;
     static constexpr int kTInverse = kValues + (kDeltaRule ? ValueTile::kBytes : 0);
-    static constexpr int kMatrix = kTInverse + (kDeltaRule ? ChunkTile::kBytes : 0);
-    static constexpr int kBlockRows = kMatrix + (kDeltaRule ? align_up_128(kChunk * kFloatRow * 4) : 0);
-    static constexpr int kGates = kBlockRows + (kDeltaRule ? align_up_128(16 * kBlockRowFloats * 4) : 0);
+    static constexpr int kTLow = kTInverse + (kDeltaRule ? ChunkTile::kBytes : 0);
+    static constexpr int kAHigh = kTLow + (kDeltaRule ? ChunkTile::kBytes : 0);
+    static constexpr int kALow = kAHigh + (kDeltaRule ? ChunkTile::kBytes : 0);
+    static constexpr int kDiagonal = kALow + (kDeltaRule ? ChunkTile::kBytes : 0);
+    static constexpr int kGates = kDiagonal + (kDeltaRule ? align_up_128(kChunk * kDiagonalRow * 4) : 0);
     static constexpr int kBytes = kGates + align_up_128((4 * kChunk + 2) * 4);
   };
-  // Forward state: two stages of (W, decayed k, U block), the state and delta blocks.
+  // Forward state: two stages of (W, k, U block), the state block, the delta
+  // block and delta's rows scaled by key_decay.
   struct ForwardState {
     static constexpr int kStageBytes = (kDeltaRule ? KeyTile::kBytes : 0) + KeyTile::kBytes + ValueBlockTile::kBytes;
     static constexpr int kStages = 0;
     static constexpr int kState = kStages + 2 * kStageBytes;
     static constexpr int kDelta = kState + StateBlockTile::kBytes;
-    static constexpr int kBytes = kDelta + ValueBlockTile::kBytes;
+    static constexpr int kScaledDelta = kDelta + (kDeltaRule ? ValueBlockTile::kBytes : 0);
+    static constexpr int kBytes = kScaledDelta + ValueBlockTile::kBytes;
   };
   // Forward output: q, k, chunk state, delta, P, gates.
   struct ForwardOutput {
@@ -112,7 +114,7 @@ struct GatedDeltaConfig {
     static constexpr int kGates = kStaging + kStagingBytes;
     static constexpr int kBytes = kGates + align_up_128(kChunk * 4);
   };
-  // Backward state: two stages of (M block, decayed k, d delta block, W), dS block.
+  // Backward state: two stages of (M block, k, d delta block, W), dS block.
   struct BackwardState {
     static constexpr int kStageBytes =
         StateBlockTile::kBytes + KeyTile::kBytes + ValueBlockTile::kBytes + (kDeltaRule ? KeyTile::kBytes : 0);

@@ -3,10 +3,11 @@
 //
 //   prepare  grid (max_chunks, Hv), kThreads      per chunk and value head, in parallel:
 //            cumulative gates c, A = strict_lower(B (K K^T) o Gamma), T = (I + A)^-1,
-//            W = T B E K, U = T B V, decayed keys D K  -> workspace
+//            W = T B E K, U = T B V, key_decay D / |k|  -> workspace
 //   state    grid (Dv / kValueBlock, Hv, N), kStateThreads   sequential over the chunks of a sequence:
 //            S0 of each chunk -> chunk_states; delta = U - W S0 -> workspace;
-//            S = exp(c_last) S0 + (D K)^T delta; final state
+//            S = exp(c_last) S0 + (D K)^T delta; final state (D K's rows as the
+//            raw keys scaled by key_decay = D / |k|, applied to delta's rows)
 //   output   grid (max_chunks, Hv), kThreads      per chunk and value head, in parallel:
 //            O = scale (E Q S0 + lower(Q K^T o Gamma) delta)
 //
@@ -14,13 +15,85 @@
 // gate, E = diag(exp(c)), Gamma_ij = exp(c_i - c_j), D_j = exp(c_last - c_j),
 // B = diag(beta); K, Q are L2-normalised when the configuration says so.
 // Without the delta rule, delta = V and the prepare kernel only writes the
-// gates and the decayed keys.
+// gates and key_decay.
 #pragma once
 
 #include "common.cuh"
 
 namespace dflex {
 namespace kernels {
+
+// A 16x16 product of the solve, -(X Y) for X = x_high + x_low (its 16
+// rows at x_row0, reduction columns x_k0..) and Y likewise (tiles stored
+// [K][N]), to near fp32 accuracy: high*high + high*low + low*high.
+template <int kSteps, int kBlocksN>
+__device__ __forceinline__ void split_mma(float (&acc)[kBlocksN][4], const __nv_bfloat16* x_high,
+                                          const __nv_bfloat16* x_low, int x_row0, int x_k0,
+                                          const __nv_bfloat16* y_high, const __nv_bfloat16* y_low, int y_n0,
+                                          int y_k0, int lane) {
+  using Tile = SwizzledTile<64, 64>;
+  warp_mma<__nv_bfloat16, kBlocksN, kSteps, false, true, Tile, Tile>(acc, x_high, x_row0, x_k0, y_high, y_n0, y_k0,
+                                                                     lane);
+  warp_mma<__nv_bfloat16, kBlocksN, kSteps, false, true, Tile, Tile>(acc, x_high, x_row0, x_k0, y_low, y_n0, y_k0,
+                                                                     lane);
+  warp_mma<__nv_bfloat16, kBlocksN, kSteps, false, true, Tile, Tile>(acc, x_low, x_row0, x_k0, y_high, y_n0, y_k0,
+                                                                     lane);
+}
+
+// x as bf16 high and low parts (x - high), packed in pairs.
+__device__ __forceinline__ void split_pair(float x, float y, unsigned& high, unsigned& low) {
+  high = ElementTraits<__nv_bfloat16>::pack(x, y);
+  const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&high));
+  low = ElementTraits<__nv_bfloat16>::pack(x - h.x, y - h.y);
+}
+
+// acc (16 x 8*kBlocksN accumulator at (row0, col0)) times `factor`, stored as
+// high and low parts.
+template <int kBlocksN>
+__device__ __forceinline__ void store_split(__nv_bfloat16* high, __nv_bfloat16* low, const float (&acc)[kBlocksN][4],
+                                            float factor, int row0, int col0, int lane) {
+  using Tile = SwizzledTile<64, 64>;
+#pragma unroll
+  for (int j = 0; j < kBlocksN; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int offset = Tile::offset(row0 + fragment_row(lane, 2 * half), col0 + fragment_col(lane, j, 0));
+      split_pair(factor * acc[j][2 * half], factor * acc[j][2 * half + 1], *reinterpret_cast<unsigned*>(high + offset),
+                 *reinterpret_cast<unsigned*>(low + offset));
+    }
+}
+
+// acc += Z Y for a 16 x 16*kSteps Z held as accumulators (z[2s], z[2s+1] are
+// columns 16s..16s+15: an accumulator pair has the layout of an A fragment)
+// and Y = y_high + y_low (stored [K][N], reduction rows from y_k0), again
+// high*high + high*low + low*high.
+template <int kSteps, int kBlocksN>
+__device__ __forceinline__ void split_mma_registers(float (&acc)[kBlocksN][4], const float (&z)[2 * kSteps][4],
+                                                    const __nv_bfloat16* y_high, const __nv_bfloat16* y_low,
+                                                    int y_n0, int y_k0, int lane) {
+  using Tile = SwizzledTile<64, 64>;
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    unsigned a_high[4], a_low[4];
+    split_pair(z[2 * step][0], z[2 * step][1], a_high[0], a_low[0]);
+    split_pair(z[2 * step][2], z[2 * step][3], a_high[1], a_low[1]);
+    split_pair(z[2 * step + 1][0], z[2 * step + 1][1], a_high[2], a_low[2]);
+    split_pair(z[2 * step + 1][2], z[2 * step + 1][3], a_high[3], a_low[3]);
+#pragma unroll
+    for (int pair = 0; pair < kBlocksN / 2; ++pair) {
+      unsigned b_high[4], b_low[4];
+      load_b_pair_transposed<Tile>(b_high, y_high, y_n0 + 16 * pair, y_k0 + 16 * step, lane);
+      load_b_pair_transposed<Tile>(b_low, y_low, y_n0 + 16 * pair, y_k0 + 16 * step, lane);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        float(&c)[4] = acc[2 * pair + n];
+        ElementTraits<__nv_bfloat16>::mma(c, a_high, b_high[2 * n], b_high[2 * n + 1]);
+        ElementTraits<__nv_bfloat16>::mma(c, a_high, b_low[2 * n], b_low[2 * n + 1]);
+        ElementTraits<__nv_bfloat16>::mma(c, a_low, b_high[2 * n], b_high[2 * n + 1]);
+      }
+    }
+  }
+}
 
 // The WY / UT part of the forward prepare kernel (delta rule only): A, T,
 // W and U of the chunk whose normalised keys, values and gates are in
@@ -34,21 +107,23 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
   using ChunkTile = typename Config::ChunkTile;
   using Layout = typename Config::ForwardPrepare;
   constexpr int kDk = Config::kKeyDim, kDv = Config::kValueDim, kThreads = Config::kThreads;
-  constexpr int kRow = Config::kFloatRow, kBlockRow = Config::kBlockRowFloats;
+  constexpr int kRow = Config::kDiagonalRow;
+  static_assert(kThreads == 128, "the solve maps the chunk's four 16-row blocks onto four warps");
   Element* keys = reinterpret_cast<Element*>(shared + Layout::kKeys);
   Element* values = reinterpret_cast<Element*>(shared + Layout::kValues);
-  Element* t_tile = reinterpret_cast<Element*>(shared + Layout::kTInverse);
-  float* matrix = reinterpret_cast<float*>(shared + Layout::kMatrix);  // A, then T in place
-  float* block_rows = reinterpret_cast<float*>(shared + Layout::kBlockRows);
+  Element* t_high = reinterpret_cast<Element*>(shared + Layout::kTInverse);  // T in bf16 once solved
+  Element* t_low = reinterpret_cast<Element*>(shared + Layout::kTLow);
+  Element* a_high = reinterpret_cast<Element*>(shared + Layout::kAHigh);
+  Element* a_low = reinterpret_cast<Element*>(shared + Layout::kALow);
   float* gates = reinterpret_cast<float*>(shared + Layout::kGates);
   float* betas = gates + 64;
-  float* key_factors = gates + 192;
+  float* key_factors = gates + 128;
   const int hv_count = p.value_heads;
   const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
+  // Warp w's fp32 diagonal block A_ww.
+  float* diagonal = reinterpret_cast<float*>(shared + Layout::kDiagonal) + 16 * warp * kRow;
 
-
-  // A = strict_lower(B (K K^T) o Gamma) in fp32; warp w owns rows 16w..16w+15.
-  // T is then computed in place over A.
+  // A = strict_lower(B (K K^T) o Gamma); warp w owns rows 16w..16w+15.
   {
     float acc[8][4];
     zero(acc);
@@ -58,14 +133,18 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = 16 * warp + fragment_row(lane, e), col = fragment_col(lane, j, e);
-        matrix[row * kRow + col] = col < row ? betas[row] * fast_exp(gates[row] - gates[col]) * acc[j][e] : 0.f;
+        acc[j][e] = col < row ? betas[row] * fast_exp(gates[row] - gates[col]) * acc[j][e] : 0.f;
+        if (j / 2 == warp) diagonal[(row - 16 * warp) * kRow + col - 16 * warp] = acc[j][e];
       }
     }
+    store_split(a_high, a_low, acc, 1.f, 16 * warp, 0, lane);
   }
-  __syncthreads();
+  __syncwarp();
 
-  // T = (I + A)^-1. The four 16x16 diagonal blocks by forward substitution
-  // (warp w inverts block w, a lane per column, and writes T_ww over A_ww).
+  // T = (I + A)^-1, unit lower triangular, by blocks (T_IJ = -T_II A_IJ T_JJ
+  // for a split into diagonal blocks I, J). First the 16x16 diagonal blocks
+  // in fp32 by forward substitution (warp w inverts block w, a lane per
+  // column), with the warp's blocks right of the diagonal zero.
   {
     const int column = lane & 15, base = 16 * warp;
     float t[16];
@@ -73,88 +152,54 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
     for (int i = 0; i < 16; ++i) {
       float sum = i == column ? 1.f : 0.f;
 #pragma unroll
-      for (int j = 0; j < i; ++j) sum -= matrix[(base + i) * kRow + base + j] * t[j];
+      for (int j = 0; j < i; ++j) sum -= diagonal[i * kRow + j] * t[j];
       t[i] = sum;
     }
-    __syncwarp();
     if (lane < 16) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) matrix[(base + i) * kRow + base + column] = t[i];
+      for (int i = 0; i < 16; ++i) {
+        const int offset = ChunkTile::offset(base + i, base + column);
+        const Element high = __float2bfloat16_rn(t[i]);
+        t_high[offset] = high;
+        t_low[offset] = __float2bfloat16_rn(t[i] - __bfloat162float(high));
+      }
+    }
+    for (int c = lane; c < 16 * 8; c += 32) {
+      const int row = base + c / 8, col = 8 * (c % 8);
+      if (col >= base + 16) {
+        *reinterpret_cast<uint4*>(t_high + ChunkTile::offset(row, col)) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(t_low + ChunkTile::offset(row, col)) = make_uint4(0, 0, 0, 0);
+      }
     }
   }
   __syncthreads();
-  // Then block rows I = 1..3 below the diagonal: T_IJ = -T_II sum_{J<=K<I} A_IK T_KJ,
-  // first Y = sum_K A_IK T_KJ into block_rows, then -T_II Y. Thread (r, g) =
-  // (thread % 16, thread / 16) computes row 16I + r at the 4-column groups g
-  // and g + 8 with 16-byte shared loads, one load per four multiply-adds
-  // (this solve is bound by shared-memory bandwidth). A warp's two groups lie
-  // in one column block J, so its k range (from 16J) is warp-uniform.
-  static_assert(kThreads == 128, "the block-row solve maps 16 rows x 8 column groups onto 128 threads");
-  static_assert(kRow % 4 == 0 && kBlockRow % 4 == 0, "the block-row solve reads 16-byte rows");
+  // 32x32 diagonal blocks: warp p < 2 computes T_(2p+1)(2p) = -(T_(2p+1)(2p+1) A_(2p+1)(2p)) T_(2p)(2p).
+  if (warp < 2) {
+    const int i = 32 * warp + 16, j = 32 * warp;
+    float z[2][4];
+    zero(z);
+    split_mma<1>(z, t_high, t_low, i, i, a_high, a_low, j, i, lane);
+    float out[2][4];
+    zero(out);
+    split_mma_registers<1>(out, z, t_high, t_low, j, j, lane);
+    store_split(t_high, t_low, out, -1.f, i, j, lane);
+  }
+  __syncthreads();
+  // The lower-left 32x32 block: T_10 = -(T_11 A_10) T_00 in 32-row blocks.
+  // Warp w: rows 32 + 16 (w / 2), columns 16 (w % 2) (Z's 16 x 32 strip is
+  // computed by both warps of a row strip). No warp reads the block it writes.
   {
-    const int r = thread & 15, g = thread >> 4;
-    auto row4 = [](const float* row) { return *reinterpret_cast<const float4*>(row); };
-    auto fma4 = [](float4& sum, float a, const float4& b) {
-      sum.x += a * b.x;
-      sum.y += a * b.y;
-      sum.z += a * b.z;
-      sum.w += a * b.w;
-    };
-#pragma unroll
-    for (int block = 1; block < 4; ++block) {
-      const int base = 16 * block;
-      float a_row[48];
-#pragma unroll
-      for (int k = 0; k < base; k += 4) {
-        const float4 a = row4(matrix + (base + r) * kRow + k);
-        a_row[k] = a.x;
-        a_row[k + 1] = a.y;
-        a_row[k + 2] = a.z;
-        a_row[k + 3] = a.w;
-      }
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        const int group = g + 8 * m;
-        if (group < 4 * block) {
-          const int c = 4 * group, k0 = 16 * (group / 4);
-          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-          for (int k = 0; k < base; ++k)
-            if (k >= k0) fma4(sum, a_row[k], row4(matrix + k * kRow + c));
-          *reinterpret_cast<float4*>(block_rows + r * kBlockRow + c) = sum;
-        }
-      }
-      __syncthreads();
-      float t_row[16];
-#pragma unroll
-      for (int k = 0; k < 16; k += 4) {
-        const float4 t = row4(matrix + (base + r) * kRow + base + k);
-        t_row[k] = t.x;
-        t_row[k + 1] = t.y;
-        t_row[k + 2] = t.z;
-        t_row[k + 3] = t.w;
-      }
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        const int group = g + 8 * m;
-        if (group < 4 * block) {
-          const int c = 4 * group;
-          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-          for (int k = 0; k < 16; ++k) fma4(sum, -t_row[k], row4(block_rows + k * kBlockRow + c));
-          *reinterpret_cast<float4*>(matrix + (base + r) * kRow + c) = sum;
-        }
-      }
-      __syncthreads();
-    }
+    const int row0 = 32 + 16 * (warp >> 1), col0 = 16 * (warp & 1);
+    float z[4][4];
+    zero(z);
+    split_mma<2>(z, t_high, t_low, row0, 32, a_high, a_low, 0, 32, lane);
+    float out[2][4];
+    zero(out);
+    split_mma_registers<2>(out, z, t_high, t_low, col0, 0, lane);
+    store_split(t_high, t_low, out, -1.f, row0, col0, lane);
   }
 
-  // T to bf16 (lower triangle), K rows scaled by beta exp(c), V rows by beta.
-  for (int index = thread; index < 64 * 32; index += kThreads) {
-    const int row = index / 32, col = (index % 32) * 2;
-    store_pair<ChunkTile>(t_tile, row, col, col <= row ? matrix[row * kRow + col] : 0.f,
-                          col + 1 <= row ? matrix[row * kRow + col + 1] : 0.f);
-  }
+  // K rows scaled by beta exp(c), V rows by beta.
   scale_rows<KeyTile, kThreads>(keys, key_factors, thread);
   scale_rows<ValueTile, kThreads>(values, betas, thread);
   __syncthreads();
@@ -163,14 +208,14 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
   {
     float acc[kDk / 8][4];
     zero(acc);
-    warp_mma<Element, kDk / 8, 4, false, true, ChunkTile, KeyTile>(acc, t_tile, 16 * warp, 0, keys, 0, 0, lane);
+    warp_mma<Element, kDk / 8, 4, false, true, ChunkTile, KeyTile>(acc, t_high, 16 * warp, 0, keys, 0, 0, lane);
     __syncthreads();
     store_accumulator<KeyTile>(keys, acc, 1.f, 1.f, 16 * warp, 0, lane);
   }
   {
     float acc[kDv / 8][4];
     zero(acc);
-    warp_mma<Element, kDv / 8, 4, false, true, ChunkTile, ValueTile>(acc, t_tile, 16 * warp, 0, values, 0, 0, lane);
+    warp_mma<Element, kDv / 8, 4, false, true, ChunkTile, ValueTile>(acc, t_high, 16 * warp, 0, values, 0, 0, lane);
     __syncthreads();
     store_accumulator<ValueTile>(values, acc, 1.f, 1.f, 16 * warp, 0, lane);
   }
@@ -180,7 +225,7 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
   store_tile<ValueTile, kThreads>(p.workspace.u + static_cast<long long>(chunk.start) * hv_count * kDv + hv * kDv,
                                   static_cast<long long>(hv_count) * kDv, values, chunk.length, thread);
   store_tile<ChunkTile, kThreads>(p.workspace.t_inverse + (static_cast<long long>(chunk.index) * hv_count + hv) * 64 * 64,
-                                  64, t_tile, 64, thread);
+                                  64, t_high, 64, thread);
 }
 
 template <class Config>
@@ -196,9 +241,9 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_prepare_
   Element* values = reinterpret_cast<Element*>(shared + Layout::kValues);
   float* gates = reinterpret_cast<float*>(shared + Layout::kGates);  // c_i
   float* betas = gates + 64;
-  float* decays = betas + 64;       // D_i
-  float* key_factors = decays + 64; // beta_i exp(c_i)
-  float* scratch = key_factors + 64;
+  float* key_factors = betas + 64;   // beta_i exp(c_i)
+  float* key_norms = key_factors + 64;  // 1 / |k_i|
+  float* scratch = key_norms + 64;
 
   const ChunkCoordinates chunk = locate_chunk<Config>(p, blockIdx.x);
   if (chunk.sequence < 0) return;
@@ -207,8 +252,9 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_prepare_
   const int hv_count = p.value_heads;
   const int thread = threadIdx.x;
 
-  async_load_tile<KeyTile, kThreads>(keys, p.k + chunk.start * p.k_row_stride + hk * kDk, p.k_row_stride,
-                                     chunk.length, thread);
+  if constexpr (Config::kDeltaRule || Config::kQkL2Norm)
+    async_load_tile<KeyTile, kThreads>(keys, p.k + chunk.start * p.k_row_stride + hk * kDk, p.k_row_stride,
+                                       chunk.length, thread);
   if constexpr (Config::kDeltaRule)
     async_load_tile<ValueTile, kThreads>(values, p.v + chunk.start * p.v_row_stride + hv * kDv, p.v_row_stride,
                                          chunk.length, thread);
@@ -223,9 +269,9 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_prepare_
     betas[thread] = beta;
   }
   __syncthreads();
+  float decay = 0.f;  // D_i of thread i's token
   if (thread < 64) {
-    const float last = gates[chunk.length - 1];
-    decays[thread] = thread < chunk.length ? fast_exp(last - gate) : 0.f;
+    if (thread < chunk.length) decay = fast_exp(gates[chunk.length - 1] - gate);
     key_factors[thread] = beta * fast_exp(gate);
     if (thread < chunk.length) {
       const long long index = static_cast<long long>(chunk.start + thread) * hv_count + hv;
@@ -235,22 +281,14 @@ __global__ void __launch_bounds__(Config::kThreads) gated_delta_forward_prepare_
   }
   cp_async_wait<0>();
   if constexpr (Config::kQkL2Norm) {
-    normalise_rows<KeyTile, kThreads>(keys, nullptr, thread);
+    normalise_rows<KeyTile, kThreads>(keys, key_norms, thread);
   } else {
     __syncthreads();
   }
-
-  // Decayed keys D_j k_j for the state update.
-  {
-    Element* out = p.workspace.decayed_k + static_cast<long long>(chunk.start) * hv_count * kDk + hv * kDk;
-    constexpr int kChunks = 64 * KeyTile::kChunksPerRow;
-    for (int c = thread; c < kChunks; c += kThreads) {
-      const int row = c / KeyTile::kChunksPerRow, col = (c % KeyTile::kChunksPerRow) * 8;
-      if (row >= chunk.length) continue;
-      *reinterpret_cast<uint4*>(out + static_cast<long long>(row) * hv_count * kDk + col) =
-          scale_chunk(*reinterpret_cast<const uint4*>(keys + KeyTile::offset(row, col)), decays[row]);
-    }
-  }
+  // The state kernels' scale of K^T's columns: D_j / |k_j|.
+  if (thread < chunk.length)
+    p.workspace.key_decay[static_cast<long long>(chunk.start + thread) * hv_count + hv] =
+        Config::kQkL2Norm ? decay * key_norms[thread] : decay;
   if constexpr (Config::kDeltaRule) forward_prepare_wy<Config>(p, chunk, hv, shared);
 }
 
@@ -272,9 +310,11 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_sta
     return reinterpret_cast<Element*>(shared + Layout::kStages + (index & 1) * Layout::kStageBytes + offset);
   };
   Element* state_tile = reinterpret_cast<Element*>(shared + Layout::kState);
-  Element* delta_tile = reinterpret_cast<Element*>(shared + Layout::kDelta);
+  Element* delta_tile = reinterpret_cast<Element*>(shared + Layout::kDelta);              // delta, for the workspace
+  Element* scaled_delta = reinterpret_cast<Element*>(shared + Layout::kScaledDelta);      // key_decay delta
 
   const int column0 = blockIdx.x * kBlock, hv = blockIdx.y, sequence = blockIdx.z;
+  const int hk = hv / (p.value_heads / p.key_heads);
   const int hv_count = p.value_heads;
   const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
   const SequenceCoordinates seq = locate_sequence<Config>(p, sequence);
@@ -296,8 +336,8 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_sta
     }
 
   // Stage i of chunk i, a step ahead, in two copy groups by when the step
-  // needs them: first W and U (V without the delta rule), then the decayed
-  // keys (for the state update at the end of the step).
+  // needs them: first W and U (V without the delta rule), then the keys (for
+  // the state update at the end of the step).
   auto issue = [&](int i) {
     const long long start = seq.start + 64 * i;
     const int rows = min(64, seq.length - 64 * i);
@@ -313,29 +353,41 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_sta
                                                 rows, thread);
     }
     cp_async_commit();
-    async_load_tile<KeyTile, kThreads>(stage(i, kKeysOffset), p.workspace.decayed_k + start * key_rows + hv * kDk,
-                                       key_rows, rows, thread);
+    async_load_tile<KeyTile, kThreads>(stage(i, kKeysOffset), p.k + start * p.k_row_stride + hk * kDk,
+                                       p.k_row_stride, rows, thread);
     cp_async_commit();
   };
 
-  // The chunk's last cumulative gate, loaded a step ahead (it is on the critical path).
-  auto last_gate = [&](int i) {
-    const int rows = min(64, seq.length - 64 * i);
-    return p.workspace.gate_cumsum[(seq.start + 64LL * i + rows - 1) * hv_count + hv];
+  // The chunk's last cumulative gate and the key_decay of the thread's two
+  // delta rows, loaded a step ahead (they are on the critical path).
+  struct StepScalars {
+    float gate_last = 0.f, key_decay[2] = {0.f, 0.f};
   };
-  float next_gate_last = 0.f;
+  auto load_scalars = [&](int i) {
+    StepScalars next;
+    const long long start = seq.start + 64LL * i;
+    const int rows = min(64, seq.length - 64 * i);
+    next.gate_last = p.workspace.gate_cumsum[(start + rows - 1) * hv_count + hv];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = delta_row0 + fragment_row(lane, 2 * half);
+      if (row < rows) next.key_decay[half] = p.workspace.key_decay[(start + row) * hv_count + hv];
+    }
+    return next;
+  };
+  StepScalars next;
   if (chunks > 0) {
     issue(0);
-    next_gate_last = last_gate(0);
+    next = load_scalars(0);
   }
   for (int i = 0; i < chunks; ++i) {
     const long long start = seq.start + 64 * i;
     const int rows = min(64, seq.length - 64 * i);
-    const float gate_last = next_gate_last;
+    const StepScalars now = next;
     const bool prefetching = i + 1 < chunks;
     if (prefetching) {
       issue(i + 1);
-      next_gate_last = last_gate(i + 1);
+      next = load_scalars(i + 1);
       cp_async_wait<3>();  // the first group of chunk i
     } else {
       cp_async_wait<1>();
@@ -346,20 +398,23 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_sta
         p.workspace.chunk_states + (static_cast<long long>(seq.first_chunk + i) * hv_count + hv) * kDk * kDv + column0,
         kDv, state_tile, kDk, thread);
 
-    const Element* delta_source = stage(i, kValuesOffset);
-    if constexpr (Config::kDeltaRule) {
-      // delta = U - W S0 for the warp's 16 rows and column slice.
+    // delta = U - W S0 (V without the rule) for the warp's 16 rows and column
+    // slice, and its rows scaled by key_decay for the update.
+    {
       float acc[kSliceColumns / 8][4];
       zero(acc);
-      warp_mma<Element, kSliceColumns / 8, kDk / 16, false, true, KeyTile, StateBlockTile>(
-          acc, stage(i, kWOffset), delta_row0, 0, state_tile, delta_col0, 0, lane);
+      if constexpr (Config::kDeltaRule)
+        warp_mma<Element, kSliceColumns / 8, kDk / 16, false, true, KeyTile, StateBlockTile>(
+            acc, stage(i, kWOffset), delta_row0, 0, state_tile, delta_col0, 0, lane);
 #pragma unroll
       for (int j = 0; j < kSliceColumns / 8; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = delta_row0 + fragment_row(lane, 2 * half), col = delta_col0 + fragment_col(lane, j, 0);
           const float2 u = load_pair<ValueBlockTile>(stage(i, kValuesOffset), row, col);
-          store_pair<ValueBlockTile>(delta_tile, row, col, u.x - acc[j][2 * half], u.y - acc[j][2 * half + 1]);
+          const float x = u.x - acc[j][2 * half], y = u.y - acc[j][2 * half + 1];
+          if constexpr (Config::kDeltaRule) store_pair<ValueBlockTile>(delta_tile, row, col, x, y);
+          store_pair<ValueBlockTile>(scaled_delta, row, col, now.key_decay[half] * x, now.key_decay[half] * y);
         }
     }
     if (prefetching) {
@@ -368,19 +423,17 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_sta
       cp_async_wait<0>();
     }
     __syncthreads();
-    if constexpr (Config::kDeltaRule) {
+    if constexpr (Config::kDeltaRule)
       store_tile<ValueBlockTile, kThreads>(p.workspace.delta + start * value_rows + hv * kDv + column0, value_rows,
                                            delta_tile, rows, thread);
-      delta_source = delta_tile;
-    }
-    // S = exp(c_last) S0 + (D K)^T delta
-    const float decay = fast_exp(gate_last);
+    // S = exp(c_last) S0 + K^T diag(key_decay) delta
+    const float decay = fast_exp(now.gate_last);
 #pragma unroll
     for (int j = 0; j < kBlock / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) state[j][e] *= decay;
     warp_mma<Element, kBlock / 8, 4, true, true, KeyTile, ValueBlockTile>(state, stage(i, kKeysOffset), 16 * warp, 0,
-                                                                         delta_source, 0, 0, lane);
+                                                                         scaled_delta, 0, 0, lane);
     __syncthreads();
   }
 

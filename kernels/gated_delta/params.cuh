@@ -35,7 +35,8 @@ struct GatedDeltaWorkspace {
   float* beta;                 // [T, Hv]
   __nv_bfloat16* w;            // [T, Hv, Dk]  T (beta exp(gate) k)
   __nv_bfloat16* u;            // [T, Hv, Dv]  T (beta v)
-  __nv_bfloat16* decayed_k;    // [T, Hv, Dk]  exp(gate_last - gate) k
+  float* key_decay;            // [T, Hv]  exp(gate_last - gate) / |k| (the norm only with q/k L2
+                               // normalisation): the state kernels scale K^T's columns by it
   __nv_bfloat16* delta;        // [T, Hv, Dv]  the rule's corrected values
   __nv_bfloat16* t_inverse;    // [max_chunks, Hv, 64, 64]  (I + A)^-1
   __nv_bfloat16* chunk_states; // [max_chunks, Hv, Dk, Dv]  state at each chunk's start
@@ -110,7 +111,7 @@ __host__ __device__ inline int gated_delta_max_chunks(bool varlen, int num_seque
 // Sizes of the workspace buffers in bytes, in GatedDeltaWorkspace's order;
 // a buffer the configuration does not use has size 0.
 struct GatedDeltaWorkspaceSizes {
-  long long chunk_offsets, chunk_sequence, gate_cumsum, beta, w, u, decayed_k, delta, t_inverse, chunk_states;
+  long long chunk_offsets, chunk_sequence, gate_cumsum, beta, w, u, key_decay, delta, t_inverse, chunk_states;
   long long grad_delta, chunk_state_grads, grad_q_accum, grad_k_accum, gate_param_partials;
 };
 
@@ -131,7 +132,7 @@ __host__ __device__ inline GatedDeltaWorkspaceSizes gated_delta_workspace_sizes(
   s.beta = delta_rule ? t * hv * 4 : 0;
   s.w = delta_rule ? t * hv * key_dim * 2 : 0;
   s.u = delta_rule ? t * hv * value_dim * 2 : 0;
-  s.decayed_k = t * hv * key_dim * 2;
+  s.key_decay = t * hv * 4;
   s.delta = delta_rule ? t * hv * value_dim * 2 : 0;
   s.t_inverse = delta_rule ? chunks * hv * chunk * chunk * 2 : 0;
   s.chunk_states = chunks * hv * state * 2;

@@ -187,7 +187,7 @@ struct WorkspaceLayout {
         spec.varlen, static_cast<int>(p.sequences), static_cast<int>(p.tokens), static_cast<int>(p.keyHeads),
         static_cast<int>(p.valueHeads), maxChunks(spec, p));
     sizes = {z.chunk_offsets, z.chunk_sequence, z.gate_cumsum, z.beta,
-             z.w,             z.u,              z.decayed_k,   z.delta,
+             z.w,             z.u,              z.key_decay,   z.delta,
              z.t_inverse,     z.chunk_states,   z.grad_delta,  z.chunk_state_grads,
              z.grad_q_accum,  z.grad_k_accum,   z.gate_param_partials};
     for (int i = 0; i < kBuffers; ++i) {
@@ -206,7 +206,7 @@ struct WorkspaceLayout {
     w.beta = static_cast<float *>(at(3));
     w.w = static_cast<__nv_bfloat16 *>(at(4));
     w.u = static_cast<__nv_bfloat16 *>(at(5));
-    w.decayed_k = static_cast<__nv_bfloat16 *>(at(6));
+    w.key_decay = static_cast<float *>(at(6));
     w.delta = static_cast<__nv_bfloat16 *>(at(7));
     w.t_inverse = static_cast<__nv_bfloat16 *>(at(8));
     w.chunk_states = static_cast<__nv_bfloat16 *>(at(9));

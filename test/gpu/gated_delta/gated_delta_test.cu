@@ -152,7 +152,7 @@ class DeviceWorkspace {
     const GatedDeltaWorkspaceSizes z =
         dflex::kernels::gated_delta_workspace_sizes<Config>(sequences, tokens, key_heads, value_heads, max_chunks);
     const long long s[kBuffers] = {z.chunk_offsets, z.chunk_sequence,    z.gate_cumsum,  z.beta,
-                                   z.w,             z.u,                 z.decayed_k,    z.delta,
+                                   z.w,             z.u,                 z.key_decay,    z.delta,
                                    z.t_inverse,     z.chunk_states,      z.grad_delta,   z.chunk_state_grads,
                                    z.grad_q_accum,  z.grad_k_accum,      z.gate_param_partials};
     long long total = 0;
@@ -163,7 +163,7 @@ class DeviceWorkspace {
         reinterpret_cast<void**>(&view_.chunk_offsets),   reinterpret_cast<void**>(&view_.chunk_sequence),
         reinterpret_cast<void**>(&view_.gate_cumsum),     reinterpret_cast<void**>(&view_.beta),
         reinterpret_cast<void**>(&view_.w),               reinterpret_cast<void**>(&view_.u),
-        reinterpret_cast<void**>(&view_.decayed_k),       reinterpret_cast<void**>(&view_.delta),
+        reinterpret_cast<void**>(&view_.key_decay),       reinterpret_cast<void**>(&view_.delta),
         reinterpret_cast<void**>(&view_.t_inverse),       reinterpret_cast<void**>(&view_.chunk_states),
         reinterpret_cast<void**>(&view_.grad_delta),      reinterpret_cast<void**>(&view_.chunk_state_grads),
         reinterpret_cast<void**>(&view_.grad_q_accum),    reinterpret_cast<void**>(&view_.grad_k_accum),
@@ -298,7 +298,7 @@ void report_intermediates(const Problem& p, const Inputs& in, const GatedDeltaWo
     line += cell;
   };
   add("gate_cumsum", download_prefix(ws.gate_cumsum, want.gate_cumsum.size()), want.gate_cumsum);
-  add("decayed_k", download_prefix(ws.decayed_k, want.decayed_k.size()), want.decayed_k);
+  add("key_decay", download_prefix(ws.key_decay, want.key_decay.size()), want.key_decay);
   if (Config::kDeltaRule) {
     add("T", download_prefix(ws.t_inverse, chunks * p.value_heads * kChunk * kChunk), want.t_inverse);
     add("W", download_prefix(ws.w, want.w.size()), want.w);

@@ -83,7 +83,8 @@ struct Outputs {
 // chunk-level [chunks, Hv, ...], chunks numbered sequence after sequence.
 struct Intermediates {
   std::vector<double> gate_cumsum;        // [T, Hv]
-  std::vector<double> w, decayed_k;       // [T, Hv, Dk]
+  std::vector<double> key_decay;          // [T, Hv]  exp(c_last - c) / |k|
+  std::vector<double> w;                  // [T, Hv, Dk]
   std::vector<double> u, delta, grad_delta;  // [T, Hv, Dv]
   std::vector<double> t_inverse;          // [chunks, Hv, 64, 64], identity past the chunk's end
   std::vector<double> chunk_states;       // [chunks, Hv, Dk, Dv] state at each chunk's start
@@ -375,7 +376,7 @@ inline Outputs reference_chunked(const Problem& p, const Inputs& in, bool with_b
     const size_t tokens = p.tokens();
     capture->gate_cumsum.assign(tokens * hv_count, 0.0);
     capture->w.assign(tokens * hv_count * dk, 0.0);
-    capture->decayed_k.assign(tokens * hv_count * dk, 0.0);
+    capture->key_decay.assign(tokens * hv_count, 0.0);
     capture->u.assign(tokens * hv_count * dv, 0.0);
     capture->delta.assign(tokens * hv_count * dv, 0.0);
     capture->grad_delta.assign(tokens * hv_count * dv, 0.0);
@@ -467,10 +468,9 @@ inline Outputs reference_chunked(const Problem& p, const Inputs& in, bool with_b
           for (int i = 0; i < L; ++i) {
             const size_t gi = static_cast<size_t>(t0 + i) * hv_count + hv;
             capture->gate_cumsum[gi] = ch.c[i];
-            for (int x = 0; x < dk; ++x) {
-              if (p.delta_rule) capture->w[gi * dk + x] = ch.w[static_cast<size_t>(i) * dk + x];
-              capture->decayed_k[gi * dk + x] = std::exp(ch.c[L - 1] - ch.c[i]) * ch.k[static_cast<size_t>(i) * dk + x];
-            }
+            capture->key_decay[gi] = std::exp(ch.c[L - 1] - ch.c[i]) * k_inv[static_cast<size_t>(t0 + i) * hk_count + hk];
+            if (p.delta_rule)
+              for (int x = 0; x < dk; ++x) capture->w[gi * dk + x] = ch.w[static_cast<size_t>(i) * dk + x];
             for (int x = 0; x < dv; ++x) {
               if (p.delta_rule) capture->u[gi * dv + x] = ch.u[static_cast<size_t>(i) * dv + x];
               capture->delta[gi * dv + x] = ch.delta[static_cast<size_t>(i) * dv + x];
