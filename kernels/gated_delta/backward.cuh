@@ -162,54 +162,42 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_backward_st
       grad_state[j][e] = Config::kFinalState ? p.grad_final_state[state_base + row * kDv + col] : 0.f;
     }
 
+  // Chunk i's keys, d delta partial block, M block and W.
+  const Element* key_rows_base = p.k + hk * kDk;
+  const Element* grad_delta_rows = p.workspace.grad_delta + hv * kDv + column0;
+  const Element* w_rows = p.workspace.w + hv * kDk;
+  auto chunk_start = [&](int i) { return seq.start + 64LL * i; };
+  auto chunk_rows = [&](int i) { return min(64, seq.length - 64 * i); };
+
   // Stage i of chunk i, a step ahead, in two copy groups by when the step
   // needs them: first the keys and the d delta partial, then the M
   // block and W (for the dS update at the end of the step).
   auto issue = [&](int i) {
-    const long long start = seq.start + 64 * i;
-    const int rows = min(64, seq.length - 64 * i);
-    async_load_tile<KeyTile, kThreads>(stage(i, kKeysOffset), p.k + start * p.k_row_stride + hk * kDk,
+    const long long start = chunk_start(i);
+    const int rows = chunk_rows(i);
+    async_load_tile<KeyTile, kThreads>(stage(i, kKeysOffset), key_rows_base + start * p.k_row_stride,
                                        p.k_row_stride, rows, thread);
-    async_load_tile<ValueBlockTile, kThreads>(stage(i, kGradDeltaOffset),
-                                              p.workspace.grad_delta + start * value_rows + hv * kDv + column0,
+    async_load_tile<ValueBlockTile, kThreads>(stage(i, kGradDeltaOffset), grad_delta_rows + start * value_rows,
                                               value_rows, rows, thread);
     cp_async_commit();
     async_load_tile<StateBlockTile, kThreads>(stage(i, kMOffset), chunk_grad(i), kDv, kDk, thread);
     if constexpr (Config::kDeltaRule)
-      async_load_tile<KeyTile, kThreads>(stage(i, kWOffset), p.workspace.w + start * key_rows + hv * kDk, key_rows,
-                                         rows, thread);
+      async_load_tile<KeyTile, kThreads>(stage(i, kWOffset), w_rows + start * key_rows, key_rows, rows, thread);
     cp_async_commit();
   };
 
-  // The chunk's last cumulative gate and the key_decay of the thread's two
-  // d delta rows, loaded a step ahead (they are on the critical path).
-  struct StepScalars {
-    float gate_last = 0.f, key_decay[2] = {0.f, 0.f};
-  };
-  auto load_scalars = [&](int i) {
-    StepScalars next;
-    const long long start = seq.start + 64LL * i;
-    const int rows = min(64, seq.length - 64 * i);
-    next.gate_last = p.workspace.gate_cumsum[(start + rows - 1) * hv_count + hv];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = delta_row0 + fragment_row(lane, 2 * half);
-      if (row < rows) next.key_decay[half] = p.workspace.key_decay[(start + row) * hv_count + hv];
-    }
-    return next;
-  };
-  StepScalars next;
+  StateStepScalars next;
   if (chunks > 0) {
     issue(chunks - 1);
-    next = load_scalars(chunks - 1);
+    next = load_state_step_scalars(p, chunk_start(chunks - 1), chunk_rows(chunks - 1), hv, delta_row0, lane);
   }
   for (int i = chunks - 1; i >= 0; --i) {
-    const long long start = seq.start + 64 * i;
-    const int rows = min(64, seq.length - 64 * i);
-    const StepScalars now = next;
+    const long long start = chunk_start(i);
+    const int rows = chunk_rows(i);
+    const StateStepScalars now = next;
     if (i > 0) {
       issue(i - 1);
-      next = load_scalars(i - 1);
+      next = load_state_step_scalars(p, chunk_start(i - 1), chunk_rows(i - 1), hv, delta_row0, lane);
       cp_async_wait<3>();  // the first group of chunk i
     } else {
       cp_async_wait<1>();

@@ -207,6 +207,26 @@ __device__ __forceinline__ void store_global_pair(__nv_bfloat16* address, float 
   *reinterpret_cast<unsigned*>(address) = ElementTraits<__nv_bfloat16>::pack(x, y);
 }
 
+// The scalars on a state-kernel step's critical path, loaded a step ahead:
+// the chunk's last cumulative gate and key_decay of a thread's two rows of a
+// 16-row block at row0 (rows row0 + lane/4 and 8 below; 0 past the chunk).
+struct StateStepScalars {
+  float gate_last = 0.f;
+  float key_decay[2] = {0.f, 0.f};
+};
+
+__device__ __forceinline__ StateStepScalars load_state_step_scalars(const GatedDeltaParams& p, long long start,
+                                                                    int rows, int hv, int row0, int lane) {
+  StateStepScalars scalars;
+  scalars.gate_last = p.workspace.gate_cumsum[(start + rows - 1) * p.value_heads + hv];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + (lane >> 2) + 8 * half;
+    if (row < rows) scalars.key_decay[half] = p.workspace.key_decay[(start + row) * p.value_heads + hv];
+  }
+  return scalars;
+}
+
 // Accumulator element positions of a warp's 16 x 8*kBlocksN tile: element
 // (j, e) of acc[j][e] sits at row (lane/4) + 8*(e/2), column 8j + 2*(lane%4) + e%2.
 __device__ __forceinline__ int fragment_row(int lane, int e) { return (lane >> 2) + ((e >> 1) << 3); }
