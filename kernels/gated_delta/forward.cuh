@@ -199,23 +199,47 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
     store_split(t_high, t_low, out, -1.f, row0, col0, lane);
   }
 
-  // K rows scaled by beta exp(c), V rows by beta.
-  scale_rows<KeyTile, kThreads>(keys, key_factors, thread);
-  scale_rows<ValueTile, kThreads>(values, betas, thread);
   __syncthreads();
 
-  // W = T (B E K), U = T (B V); each written over its operand once every warp has read it.
+  // T B E and T B (T's columns scaled, from its high and low parts: fewer
+  // bytes than scaling the rows of K and V) into the A tiles, free now.
+  Element* t_keys = a_high;
+  Element* t_values = a_low;
+  for (int c = thread; c < 64 * ChunkTile::kChunksPerRow; c += kThreads) {
+    const int row = c / ChunkTile::kChunksPerRow, col = (c % ChunkTile::kChunksPerRow) * 8;
+    const int offset = ChunkTile::offset(row, col);
+    const uint4 high = *reinterpret_cast<const uint4*>(t_high + offset);
+    const uint4 low = *reinterpret_cast<const uint4*>(t_low + offset);
+    const __nv_bfloat162* high_pairs = reinterpret_cast<const __nv_bfloat162*>(&high);
+    const __nv_bfloat162* low_pairs = reinterpret_cast<const __nv_bfloat162*>(&low);
+    uint4 keys_out, values_out;
+    unsigned* keys_packed = reinterpret_cast<unsigned*>(&keys_out);
+    unsigned* values_packed = reinterpret_cast<unsigned*>(&values_out);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 h = __bfloat1622float2(high_pairs[i]), l = __bfloat1622float2(low_pairs[i]);
+      const float x = h.x + l.x, y = h.y + l.y;
+      const int j = col + 2 * i;
+      keys_packed[i] = ElementTraits<Element>::pack(x * key_factors[j], y * key_factors[j + 1]);
+      values_packed[i] = ElementTraits<Element>::pack(x * betas[j], y * betas[j + 1]);
+    }
+    *reinterpret_cast<uint4*>(t_keys + offset) = keys_out;
+    *reinterpret_cast<uint4*>(t_values + offset) = values_out;
+  }
+  __syncthreads();
+
+  // W = (T B E) K, U = (T B) V; each written over its operand once every warp has read it.
   {
     float acc[kDk / 8][4];
     zero(acc);
-    warp_mma<Element, kDk / 8, 4, false, true, ChunkTile, KeyTile>(acc, t_high, 16 * warp, 0, keys, 0, 0, lane);
+    warp_mma<Element, kDk / 8, 4, false, true, ChunkTile, KeyTile>(acc, t_keys, 16 * warp, 0, keys, 0, 0, lane);
     __syncthreads();
     store_accumulator<KeyTile>(keys, acc, 1.f, 1.f, 16 * warp, 0, lane);
   }
   {
     float acc[kDv / 8][4];
     zero(acc);
-    warp_mma<Element, kDv / 8, 4, false, true, ChunkTile, ValueTile>(acc, t_high, 16 * warp, 0, values, 0, 0, lane);
+    warp_mma<Element, kDv / 8, 4, false, true, ChunkTile, ValueTile>(acc, t_values, 16 * warp, 0, values, 0, 0, lane);
     __syncthreads();
     store_accumulator<ValueTile>(values, acc, 1.f, 1.f, 16 * warp, 0, lane);
   }
@@ -370,15 +394,15 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_sta
     const int rows = chunk_rows(i);
     const StateStepScalars now = next;
     const bool prefetching = i + 1 < chunks;
+    cp_async_wait<1>();  // the first group of chunk i
+    store_accumulator<StateBlockTile>(state_tile, state, 1.f, 1.f, 16 * warp, 0, lane);
+    // Every warp is past step i - 1 here: its stage, the last one read by the
+    // update, takes chunk i + 1 (so the step ends without a barrier).
+    __syncthreads();
     if (prefetching) {
       issue(i + 1);
       next = load_state_step_scalars(p, chunk_start(i + 1), chunk_rows(i + 1), hv, delta_row0, lane);
-      cp_async_wait<3>();  // the first group of chunk i
-    } else {
-      cp_async_wait<1>();
     }
-    store_accumulator<StateBlockTile>(state_tile, state, 1.f, 1.f, 16 * warp, 0, lane);
-    __syncthreads();
     store_tile<StateBlockTile, kThreads>(
         p.workspace.chunk_states + (static_cast<long long>(seq.first_chunk + i) * hv_count + hv) * kDk * kDv + column0,
         kDv, state_tile, kDk, thread);
@@ -419,7 +443,6 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_sta
       for (int e = 0; e < 4; ++e) state[j][e] *= decay;
     warp_mma<Element, kBlock / 8, 4, true, true, KeyTile, ValueBlockTile>(state, stage(i, kKeysOffset), 16 * warp, 0,
                                                                          scaled_delta, 0, 0, lane);
-    __syncthreads();
   }
 
   if constexpr (Config::kFinalState) {
