@@ -191,6 +191,18 @@ __device__ __forceinline__ uint4 scale_chunk(uint4 raw, float factor) {
   return out;
 }
 
+// Multiplies each row r of a shared tile by factors[r]; rows are spread over
+// kThreads threads in 16-byte chunks (no barrier inside).
+template <class Tile, int kThreads>
+__device__ __forceinline__ void scale_rows(__nv_bfloat16* tile, const float* factors, int thread) {
+  constexpr int kChunks = Tile::kRows * Tile::kChunksPerRow;
+  for (int c = thread; c < kChunks; c += kThreads) {
+    const int row = c / Tile::kChunksPerRow, col = (c % Tile::kChunksPerRow) * 8;
+    uint4* chunk = reinterpret_cast<uint4*>(tile + Tile::offset(row, col));
+    *chunk = scale_chunk(*chunk, factors[row]);
+  }
+}
+
 __device__ __forceinline__ void store_global_pair(__nv_bfloat16* address, float x, float y) {
   *reinterpret_cast<unsigned*>(address) = ElementTraits<__nv_bfloat16>::pack(x, y);
 }

@@ -199,47 +199,25 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
     store_split(t_high, t_low, out, -1.f, row0, col0, lane);
   }
 
+  // K rows scaled by beta exp(c), V rows by beta. (Scaling T's columns
+  // instead moves fewer bytes but doubled dg's error: the gate gradients'
+  // cancellation is sensitive to where W and U are rounded.)
+  scale_rows<KeyTile, kThreads>(keys, key_factors, thread);
+  scale_rows<ValueTile, kThreads>(values, betas, thread);
   __syncthreads();
 
-  // T B E and T B (T's columns scaled, from its high and low parts: fewer
-  // bytes than scaling the rows of K and V) into the A tiles, free now.
-  Element* t_keys = a_high;
-  Element* t_values = a_low;
-  for (int c = thread; c < 64 * ChunkTile::kChunksPerRow; c += kThreads) {
-    const int row = c / ChunkTile::kChunksPerRow, col = (c % ChunkTile::kChunksPerRow) * 8;
-    const int offset = ChunkTile::offset(row, col);
-    const uint4 high = *reinterpret_cast<const uint4*>(t_high + offset);
-    const uint4 low = *reinterpret_cast<const uint4*>(t_low + offset);
-    const __nv_bfloat162* high_pairs = reinterpret_cast<const __nv_bfloat162*>(&high);
-    const __nv_bfloat162* low_pairs = reinterpret_cast<const __nv_bfloat162*>(&low);
-    uint4 keys_out, values_out;
-    unsigned* keys_packed = reinterpret_cast<unsigned*>(&keys_out);
-    unsigned* values_packed = reinterpret_cast<unsigned*>(&values_out);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 h = __bfloat1622float2(high_pairs[i]), l = __bfloat1622float2(low_pairs[i]);
-      const float x = h.x + l.x, y = h.y + l.y;
-      const int j = col + 2 * i;
-      keys_packed[i] = ElementTraits<Element>::pack(x * key_factors[j], y * key_factors[j + 1]);
-      values_packed[i] = ElementTraits<Element>::pack(x * betas[j], y * betas[j + 1]);
-    }
-    *reinterpret_cast<uint4*>(t_keys + offset) = keys_out;
-    *reinterpret_cast<uint4*>(t_values + offset) = values_out;
-  }
-  __syncthreads();
-
-  // W = (T B E) K, U = (T B) V; each written over its operand once every warp has read it.
+  // W = T (B E K), U = T (B V); each written over its operand once every warp has read it.
   {
     float acc[kDk / 8][4];
     zero(acc);
-    warp_mma<Element, kDk / 8, 4, false, true, ChunkTile, KeyTile>(acc, t_keys, 16 * warp, 0, keys, 0, 0, lane);
+    warp_mma<Element, kDk / 8, 4, false, true, ChunkTile, KeyTile>(acc, t_high, 16 * warp, 0, keys, 0, 0, lane);
     __syncthreads();
     store_accumulator<KeyTile>(keys, acc, 1.f, 1.f, 16 * warp, 0, lane);
   }
   {
     float acc[kDv / 8][4];
     zero(acc);
-    warp_mma<Element, kDv / 8, 4, false, true, ChunkTile, ValueTile>(acc, t_values, 16 * warp, 0, values, 0, 0, lane);
+    warp_mma<Element, kDv / 8, 4, false, true, ChunkTile, ValueTile>(acc, t_high, 16 * warp, 0, values, 0, 0, lane);
     __syncthreads();
     store_accumulator<ValueTile>(values, acc, 1.f, 1.f, 16 * warp, 0, lane);
   }
