@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_backward_st
   const int hv_count = p.value_heads;
   const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
   const SequenceCoordinates seq = locate_sequence<Config>(p, sequence);
-  const int chunks = (seq.length + 63) / 64;
+  const int chunks = seq.chunks();
   const long long key_rows = static_cast<long long>(hv_count) * kDk;
   const long long value_rows = static_cast<long long>(hv_count) * kDv;
   const long long state_base = (static_cast<long long>(sequence) * hv_count + hv) * kDk * kDv + column0;
@@ -166,15 +166,13 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_backward_st
   const Element* key_rows_base = p.k + hk * kDk;
   const Element* grad_delta_rows = p.workspace.grad_delta + hv * kDv + column0;
   const Element* w_rows = p.workspace.w + hv * kDk;
-  auto chunk_start = [&](int i) { return seq.start + 64LL * i; };
-  auto chunk_rows = [&](int i) { return min(64, seq.length - 64 * i); };
 
   // Stage i of chunk i, a step ahead, in two copy groups by when the step
   // needs them: first the keys and the d delta partial, then the M
   // block and W (for the dS update at the end of the step).
   auto issue = [&](int i) {
-    const long long start = chunk_start(i);
-    const int rows = chunk_rows(i);
+    const long long start = seq.chunk_start(i);
+    const int rows = seq.chunk_rows(i);
     async_load_tile<KeyTile, kThreads>(stage(i, kKeysOffset), key_rows_base + start * p.k_row_stride,
                                        p.k_row_stride, rows, thread);
     async_load_tile<ValueBlockTile, kThreads>(stage(i, kGradDeltaOffset), grad_delta_rows + start * value_rows,
@@ -189,15 +187,15 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_backward_st
   StateStepScalars next;
   if (chunks > 0) {
     issue(chunks - 1);
-    next = load_state_step_scalars(p, chunk_start(chunks - 1), chunk_rows(chunks - 1), hv, delta_row0, lane);
+    next = load_state_step_scalars(p, seq, chunks - 1, hv, delta_row0, lane);
   }
   for (int i = chunks - 1; i >= 0; --i) {
-    const long long start = chunk_start(i);
-    const int rows = chunk_rows(i);
+    const long long start = seq.chunk_start(i);
+    const int rows = seq.chunk_rows(i);
     const StateStepScalars now = next;
     if (i > 0) {
       issue(i - 1);
-      next = load_state_step_scalars(p, chunk_start(i - 1), chunk_rows(i - 1), hv, delta_row0, lane);
+      next = load_state_step_scalars(p, seq, i - 1, hv, delta_row0, lane);
       cp_async_wait<3>();  // the first group of chunk i
     } else {
       cp_async_wait<1>();

@@ -22,6 +22,13 @@ struct SequenceCoordinates {
   int start;
   int length;
   int first_chunk;
+
+  __device__ __forceinline__ int chunks() const { return (length + kGatedDeltaChunk - 1) / kGatedDeltaChunk; }
+  // First token of the sequence's chunk i in the packed axis, and its tokens.
+  __device__ __forceinline__ long long chunk_start(int i) const {
+    return start + static_cast<long long>(kGatedDeltaChunk) * i;
+  }
+  __device__ __forceinline__ int chunk_rows(int i) const { return min(kGatedDeltaChunk, length - kGatedDeltaChunk * i); }
 };
 
 template <class Config>
@@ -208,15 +215,18 @@ __device__ __forceinline__ void store_global_pair(__nv_bfloat16* address, float 
 }
 
 // The scalars on a state-kernel step's critical path, loaded a step ahead:
-// the chunk's last cumulative gate and key_decay of a thread's two rows of a
+// chunk i's last cumulative gate and key_decay of a thread's two rows of a
 // 16-row block at row0 (rows row0 + lane/4 and 8 below; 0 past the chunk).
 struct StateStepScalars {
   float gate_last = 0.f;
   float key_decay[2] = {0.f, 0.f};
 };
 
-__device__ __forceinline__ StateStepScalars load_state_step_scalars(const GatedDeltaParams& p, long long start,
-                                                                    int rows, int hv, int row0, int lane) {
+__device__ __forceinline__ StateStepScalars load_state_step_scalars(const GatedDeltaParams& p,
+                                                                    const SequenceCoordinates& seq, int i, int hv,
+                                                                    int row0, int lane) {
+  const long long start = seq.chunk_start(i);
+  const int rows = seq.chunk_rows(i);
   StateStepScalars scalars;
   scalars.gate_last = p.workspace.gate_cumsum[(start + rows - 1) * p.value_heads + hv];
 #pragma unroll

@@ -23,9 +23,10 @@
 namespace dflex {
 namespace kernels {
 
-// A 16x16 product of the solve, -(X Y) for X = x_high + x_low (its 16
-// rows at x_row0, reduction columns x_k0..) and Y likewise (tiles stored
-// [K][N]), to near fp32 accuracy: high*high + high*low + low*high.
+// acc += X Y, a product of the solve, for X = x_high + x_low (its 16 rows
+// at x_row0, reduction columns x_k0..) and Y likewise (tiles stored [K][N],
+// columns y_n0.., reduction rows y_k0..), to near fp32 accuracy:
+// high*high + high*low + low*high.
 template <int kSteps, int kBlocksN>
 __device__ __forceinline__ void split_mma(float (&acc)[kBlocksN][4], const __nv_bfloat16* x_high,
                                           const __nv_bfloat16* x_low, int x_row0, int x_k0,
@@ -117,7 +118,7 @@ __device__ __forceinline__ void forward_prepare_wy(const GatedDeltaParams& p, co
   Element* a_low = reinterpret_cast<Element*>(shared + Layout::kALow);
   float* gates = reinterpret_cast<float*>(shared + Layout::kGates);
   float* betas = gates + 64;
-  float* key_factors = gates + 128;
+  float* key_factors = betas + 64;  // as the prepare kernel lays them out
   const int hv_count = p.value_heads;
   const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
   // Warp w's fp32 diagonal block A_ww.
@@ -320,7 +321,7 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_sta
   const int hv_count = p.value_heads;
   const int thread = threadIdx.x, warp = thread / 32, lane = thread % 32;
   const SequenceCoordinates seq = locate_sequence<Config>(p, sequence);
-  const int chunks = (seq.length + 63) / 64;
+  const int chunks = seq.chunks();
   const long long key_rows = static_cast<long long>(hv_count) * kDk;    // row stride of [T, Hv, Dk]
   const long long value_rows = static_cast<long long>(hv_count) * kDv;  // row stride of [T, Hv, Dv]
   const long long state_base = (static_cast<long long>(sequence) * hv_count + hv) * kDk * kDv + column0;
@@ -343,15 +344,13 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_sta
       Config::kDeltaRule ? p.workspace.u + hv * kDv + column0 : p.v + hv * kDv + column0;
   const long long value_stride = Config::kDeltaRule ? value_rows : p.v_row_stride;
   const Element* key_rows_base = p.k + hk * kDk;
-  auto chunk_start = [&](int i) { return seq.start + 64LL * i; };
-  auto chunk_rows = [&](int i) { return min(64, seq.length - 64 * i); };
 
   // Stage i of chunk i, a step ahead, in two copy groups by when the step
   // needs them: first W and the value block, then the keys (for the state
   // update at the end of the step).
   auto issue = [&](int i) {
-    const long long start = chunk_start(i);
-    const int rows = chunk_rows(i);
+    const long long start = seq.chunk_start(i);
+    const int rows = seq.chunk_rows(i);
     if constexpr (Config::kDeltaRule)
       async_load_tile<KeyTile, kThreads>(stage(i, kWOffset), w_rows + start * key_rows, key_rows, rows, thread);
     async_load_tile<ValueBlockTile, kThreads>(stage(i, kValuesOffset), value_rows_base + start * value_stride,
@@ -365,11 +364,11 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_sta
   StateStepScalars next;
   if (chunks > 0) {
     issue(0);
-    next = load_state_step_scalars(p, chunk_start(0), chunk_rows(0), hv, delta_row0, lane);
+    next = load_state_step_scalars(p, seq, 0, hv, delta_row0, lane);
   }
   for (int i = 0; i < chunks; ++i) {
-    const long long start = chunk_start(i);
-    const int rows = chunk_rows(i);
+    const long long start = seq.chunk_start(i);
+    const int rows = seq.chunk_rows(i);
     const StateStepScalars now = next;
     const bool prefetching = i + 1 < chunks;
     cp_async_wait<1>();  // the first group of chunk i
@@ -379,7 +378,7 @@ __global__ void __launch_bounds__(Config::kStateThreads) gated_delta_forward_sta
     __syncthreads();
     if (prefetching) {
       issue(i + 1);
-      next = load_state_step_scalars(p, chunk_start(i + 1), chunk_rows(i + 1), hv, delta_row0, lane);
+      next = load_state_step_scalars(p, seq, i + 1, hv, delta_row0, lane);
     }
     store_tile<StateBlockTile, kThreads>(
         p.workspace.chunk_states + (static_cast<long long>(seq.first_chunk + i) * hv_count + hv) * kDk * kDv + column0,
