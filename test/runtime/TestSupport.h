@@ -41,7 +41,7 @@ struct CommandResult {
   std::string output; // stdout and stderr
 };
 
-/// Runs a script from test/runtime/python with python3 (the interpreter the
+/// Runs a script from the test folder's python/ with python3 (the interpreter the
 /// build found), capturing its output.
 inline CommandResult runPythonScript(const std::string &script,
                                      const std::string &arguments) {

@@ -4,11 +4,11 @@
 // binary carries its own configs' launch constants, the runtime picks its
 // kernels and tiles from them per device, and compiling a bundle's source at
 // run time for an arch it has reproduces its binary and constants exactly.
-#include "../TestSupport.h"
+#include "TestSupport.h"
 
-#include "dflex/runtime/Attention.h"
-#include "dflex/runtime/Error.h"
-#include "dflex/runtime/KernelBundle.h"
+#include "dflex/runtime/attention/AttentionOp.h"
+#include "dflex/Support/Error.h"
+#include "dflex/runtime/bundle/KernelBundle.h"
 
 #include <gtest/gtest.h>
 
@@ -17,6 +17,8 @@
 #include <tuple>
 
 using namespace dflex::runtime;
+using dflex::FormatError;
+using dflex::IoError;
 
 namespace {
 

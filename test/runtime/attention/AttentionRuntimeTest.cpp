@@ -1,7 +1,7 @@
 // Kernel bundle loading, capture binding, tile lists and the CPU reference
 // of the attention op, on bundles written here (no compiler needed): a
 // document + sliding-window mask with a per-head bias score_mod.
-#include "../TestSupport.h"
+#include "TestSupport.h"
 
 #include "dflex/Codegen/Derivative.h"
 #include "dflex/Codegen/Variant.h"
@@ -9,8 +9,8 @@
 #include "dflex/Expr/Semantics.h"
 #include "dflex/Support/Json.h"
 #include "dflex/Support/Sha256.h"
-#include "dflex/runtime/Attention.h"
-#include "dflex/runtime/Error.h"
+#include "dflex/runtime/attention/AttentionOp.h"
+#include "dflex/Support/Error.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -21,6 +21,8 @@
 
 using namespace dflex;
 using namespace dflex::runtime;
+using dflex::FormatError;
+using dflex::IoError;
 using dflex::runtime::test::expectError;
 using dflex::runtime::test::TempDir;
 using expr::Opcode;
@@ -794,7 +796,7 @@ void compareReference(const std::string &specName, bool withBias) {
   torch::Tensor v = torch::randn({2, 53, kKvHeads, kHeadDim}, options).requires_grad_();
   const std::vector<torch::Tensor> captures = p.captures(withBias);
 
-  AttentionOutputs outputs = attention(bundleDir, specName, q, k, v, captures);
+  AttentionOutputs outputs = attention(bundle, spec, q, k, v, captures);
   torch::Tensor mask = attentionMask(spec, captures, 2, 53, 53);
   torch::Tensor lse;
   std::optional<torch::Tensor> bias;
@@ -837,7 +839,7 @@ TEST(AttentionReference, BackwardOpMatchesAutograd) {
   torch::Tensor q = torch::randn({1, 40, kQHeads, kHeadDim}, options).requires_grad_();
   torch::Tensor k = torch::randn({1, 40, kKvHeads, kHeadDim}, options).requires_grad_();
   torch::Tensor v = torch::randn({1, 40, kKvHeads, kHeadDim}, options).requires_grad_();
-  AttentionOutputs outputs = attention(dir.path().string(), "windowed", q, k, v, p.captures(false));
+  AttentionOutputs outputs = attention(bundle, bundle->attention("windowed"), q, k, v, p.captures(false));
   torch::Tensor gradOut = torch::randn_like(outputs.out);
   auto viaAutograd = torch::autograd::grad({outputs.out}, {q, k, v}, {gradOut});
   AttentionGrads direct = attentionBackward(*bundle, spec, q.detach(), k.detach(), v.detach(),

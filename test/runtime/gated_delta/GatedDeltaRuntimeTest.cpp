@@ -4,13 +4,14 @@
 // ops with autograd, written below, and the models' chunked LibTorch rule),
 // autograd against the backward entry point, input errors, and the target
 // model hook on the CPU.
-#include "../TestSupport.h"
+#include "TestSupport.h"
 
 #include "dflex/Support/Json.h"
 #include "dflex/Support/Sha256.h"
-#include "dflex/runtime/Error.h"
-#include "dflex/runtime/GatedDelta.h"
-#include "dflex/runtime/models/GatedDelta.h"
+#include "dflex/Support/Error.h"
+#include "dflex/runtime/gated_delta/GatedDeltaOp.h"
+#include "dflex/runtime/models/KernelHooks.h"
+#include "dflex/runtime/models/GatedDeltaRule.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -21,6 +22,8 @@
 
 using namespace dflex;
 using namespace dflex::runtime;
+using dflex::FormatError;
+using dflex::IoError;
 using dflex::runtime::test::expectError;
 using dflex::runtime::test::TempDir;
 using torch::Tensor;
@@ -518,7 +521,7 @@ TEST_F(GatedDeltaReference, AutogradMatchesTheBackwardEntryPoint) {
         *t = t->clone().requires_grad_();
         leaves.push_back(*t);
       }
-    const GatedDeltaOutputs out = gatedDelta(dir_.path().string(), name, leaf);
+    const GatedDeltaOutputs out = gatedDelta(bundle_, bundle_->spec(name), leaf);
     EXPECT_EQ(out.finalState.defined(), spec.finalState) << name;
     const Tensor gradOut = torch::randn(out.out.sizes(), generator_, out.out.options());
     Tensor loss = (out.out * gradOut).sum();
@@ -544,7 +547,7 @@ TEST_F(GatedDeltaReference, OnlyTheFinalStateInTheLoss) {
   const GatedDeltaKernelSpec &spec = bundle_->spec("grouped_varlen_states");
   GatedDeltaInputs in = randomInputs(spec, 0, 0, {10, 4}, generator_);
   in.v = in.v.clone().requires_grad_();
-  const GatedDeltaOutputs out = gatedDelta(dir_.path().string(), spec.name, in);
+  const GatedDeltaOutputs out = gatedDelta(bundle_, spec, in);
   const Tensor gradV = torch::autograd::grad({out.finalState.sum()}, {in.v})[0];
   const GatedDeltaGrads direct =
       gatedDeltaBackward(*bundle_, spec, in, Tensor(), torch::ones_like(out.finalState));
@@ -656,7 +659,7 @@ TEST_F(GatedDeltaReference, BadInputsAreNamed) {
 // --- The target model's hook ------------------------------------------------------
 
 TEST_F(GatedDeltaReference, ModelHookOnTheCpuIsTheModelsRule) {
-  const models::GatedDeltaFn hook = gatedDeltaHook(dir_.path().string(), "model_varlen");
+  const models::GatedDeltaFn hook = models::gatedDeltaHook(bundle_, "model_varlen");
   const GatedDeltaInputs in = randomInputs(bundle_->spec("model"), 2, 50, {}, generator_);
   const Tensor cu = torch::tensor({0, 20, 50, 51, 100}, torch::kInt);
   const models::TokenLayout layout = models::TokenLayout::packed(cu, 2, 50, torch::kCPU);
@@ -670,12 +673,12 @@ TEST_F(GatedDeltaReference, ModelHookOnTheCpuIsTheModelsRule) {
 }
 
 TEST_F(GatedDeltaReference, ModelHookRejectsSpecsThatCannotServe) {
-  expectError<FormatError>([&] { gatedDeltaHook(dir_.path().string(), "in_kernel_gate"); },
+  expectError<FormatError>([&] { models::gatedDeltaHook(bundle_, "in_kernel_gate"); },
                            {"'in_kernel_gate'", "target model", "without in_kernel_gate"});
-  expectError<FormatError>([&] { gatedDeltaHook(dir_.path().string(), "plain"); }, {"gate scalar_log"});
+  expectError<FormatError>([&] { models::gatedDeltaHook(bundle_, "plain"); }, {"gate scalar_log"});
   TempDir other;
   writeBundle(other.path().string(), [](JsonValue &m) { moduleNamed(m, "model")["spec"]["scale"] = 0.5; });
-  expectError<FormatError>([&] { gatedDeltaHook(other.path().string(), "model"); },
+  expectError<FormatError>([&] { models::gatedDeltaHook(GatedDeltaBundle::openCached(other.path().string()), "model"); },
                            {"1/sqrt(key_dim) = 0.125", "the spec by 0.5"});
 }
 
@@ -688,7 +691,7 @@ TEST(GatedDeltaCuda, ModelHookMatchesTheModelsRule) {
   if (!torch::cuda::is_available() || bundles == nullptr)
     GTEST_SKIP() << "needs a CUDA device and DFLEX_GATED_DELTA_BUNDLES";
   // gdn_grouped_varlen serves a layer of 2 key heads, 4 value heads, dims 64.
-  const models::GatedDeltaFn hook = gatedDeltaHook(std::string(bundles) + "/gated_delta_specs", "gdn_grouped_varlen");
+  const models::GatedDeltaFn hook = models::gatedDeltaHook(GatedDeltaBundle::openCached(std::string(bundles) + "/gated_delta_specs"), "gdn_grouped_varlen");
   torch::manual_seed(3);
   const int64_t batch = 2, length = 150, keyWidth = 2 * 64;
   const auto cuda = torch::TensorOptions(torch::kCUDA);

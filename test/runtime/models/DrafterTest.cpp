@@ -2,15 +2,16 @@
 // PyTorch implementation (python/drafter_reference.py), checkpoints, the
 // dflex attention op as its attention (on CUDA in DrafterCuda.*), and
 // training on a target model.
-#include "../TestSupport.h"
+#include "TestSupport.h"
 #include "ModelTestSupport.h"
 
-#include "dflex/runtime/Batching.h"
-#include "dflex/runtime/Error.h"
-#include "dflex/runtime/Random.h"
-#include "dflex/runtime/SafeTensors.h"
+#include "dflex/runtime/data/Batching.h"
+#include "dflex/Support/Error.h"
+#include "dflex/runtime/support/Random.h"
+#include "dflex/runtime/checkpoint/SafeTensors.h"
 #include "dflex/runtime/models/Drafter.h"
 #include "dflex/runtime/models/TargetModel.h"
+#include "dflex/runtime/train/DrafterInputs.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -19,6 +20,8 @@
 #include <iostream>
 
 using namespace dflex::runtime;
+using dflex::FormatError;
+using dflex::IoError;
 using namespace dflex::runtime::models;
 using dflex::runtime::test::expectError;
 using dflex::runtime::test::relativeError;
@@ -362,8 +365,9 @@ TEST(Drafter, BundleAttentionMatchesDenseAttention) {
     SCOPED_TRACE(what);
     const auto dense = run(batch, std::make_shared<DenseDrafterAttention>());
     const auto bundle = run(batch, std::make_shared<BundleDrafterAttention>(
-                                       dflash, "drafter_attention",
-                                       "drafter_sliding_window_attention", slidingWindow));
+                                       KernelBundle::openCached(dflash), "drafter_attention",
+                                       "drafter_sliding_window_attention",
+                                       KernelBundle::openCached(slidingWindow)));
     ASSERT_EQ(dense.size(), bundle.size());
     double worst = 0;
     for (size_t i = 0; i < dense.size(); ++i)
@@ -466,8 +470,9 @@ void expectKernelAttentionMatchesReference(torch::Device device) {
 
   const DrafterErrors kernels = runAgainstReference(
       drafter,
-      std::make_shared<BundleDrafterAttention>(full, "drafter_attention",
-                                               "drafter_sliding_window_attention", sliding),
+      std::make_shared<BundleDrafterAttention>(KernelBundle::openCached(full), "drafter_attention",
+                                               "drafter_sliding_window_attention",
+                                               KernelBundle::openCached(sliding)),
       p, device, reference);
   const DrafterErrors dense =
       runAgainstReference(drafter, std::make_shared<DenseDrafterAttention>(), p, device, reference);

@@ -3,14 +3,15 @@
 // layers through the dflex ops (on the CPU; on CUDA with the kernels in
 // TargetModelCuda.*), the gated delta rule against a sequential recurrence,
 // and the token layouts of packed rows.
-#include "../TestSupport.h"
+#include "TestSupport.h"
 #include "ModelTestSupport.h"
 
-#include "dflex/runtime/Attention.h"
-#include "dflex/runtime/Error.h"
-#include "dflex/runtime/GatedDelta.h"
-#include "dflex/runtime/SafeTensors.h"
-#include "dflex/runtime/models/GatedDelta.h"
+#include "dflex/runtime/attention/AttentionOp.h"
+#include "dflex/Support/Error.h"
+#include "dflex/runtime/gated_delta/GatedDeltaOp.h"
+#include "dflex/runtime/checkpoint/SafeTensors.h"
+#include "dflex/runtime/models/GatedDeltaRule.h"
+#include "dflex/runtime/models/KernelHooks.h"
 #include "dflex/runtime/models/TargetModel.h"
 
 #include <gtest/gtest.h>
@@ -22,6 +23,8 @@
 #include <iostream>
 
 using namespace dflex::runtime;
+using dflex::FormatError;
+using dflex::IoError;
 using namespace dflex::runtime::models;
 using dflex::runtime::test::expectError;
 using dflex::runtime::test::relativeError;
@@ -144,8 +147,8 @@ TargetModelOptions withKernelHooks(TargetModelOptions options, const std::string
                                    const std::shared_ptr<HookCalls> &calls) {
   const bool hybrid = model == "qwen3_5_gpu";
   const SelfAttentionFn attention =
-      hybrid ? attentionHook(bundle, "qwen3_5_attention")
-             : attentionHook(bundle, "qwen3_attention", "qwen3_sliding_attention");
+      hybrid ? attentionHook(KernelBundle::openCached(bundle), "qwen3_5_attention")
+             : attentionHook(KernelBundle::openCached(bundle), "qwen3_attention", "qwen3_sliding_attention");
   // The type only: the model's "cuda" is the tensors' "cuda:0".
   const torch::DeviceType device = options.device.type();
   options.attention = [attention, calls, device](const SelfAttentionCall &call) {
@@ -154,7 +157,7 @@ TargetModelOptions withKernelHooks(TargetModelOptions options, const std::string
     return attention(call);
   };
   if (hybrid) {
-    const GatedDeltaFn gatedDelta = gatedDeltaHook(bundle, "qwen3_5_gated_delta");
+    const GatedDeltaFn gatedDelta = gatedDeltaHook(GatedDeltaBundle::openCached(bundle), "qwen3_5_gated_delta");
     options.gatedDelta = [gatedDelta, calls, device](const GatedDeltaCall &call) {
       ++calls->gatedDelta;
       calls->onModelDevice = calls->onModelDevice && call.q.device().type() == device;
@@ -230,7 +233,7 @@ TEST(TargetModelHooks, AttentionHookIsTheModelsAttention) {
   const std::string bundle = test::targetSpecsBundle();
   if (bundle.empty())
     GTEST_SKIP() << "no target_model_specs bundle";
-  const SelfAttentionFn hook = attentionHook(bundle, "qwen3_attention", "qwen3_sliding_attention");
+  const SelfAttentionFn hook = attentionHook(KernelBundle::openCached(bundle), "qwen3_attention", "qwen3_sliding_attention");
   const AttentionProblem p = randomAttention(37, 4, 2, 128);
   const double scale = 1.0 / std::sqrt(128.0);
   // Rows; packed rows of 10 + 27 and 1 + 36 tokens; full and windowed.
@@ -251,18 +254,18 @@ TEST(TargetModelHooks, AttentionHookRefusesWhatItCannotServe) {
   if (bundle.empty())
     GTEST_SKIP() << "no target_model_specs bundle";
   // Specs in the wrong role, or whose mask is not the model's.
-  expectError<FormatError>([&] { attentionHook(bundle, "qwen3_sliding_attention"); },
+  expectError<FormatError>([&] { attentionHook(KernelBundle::openCached(bundle), "qwen3_sliding_attention"); },
                            {"spec 'qwen3_sliding_attention'", "captures a window",
                             "as the sliding-window spec"});
-  expectError<FormatError>([&] { attentionHook(bundle, "qwen3_attention", "qwen3_attention"); },
+  expectError<FormatError>([&] { attentionHook(KernelBundle::openCached(bundle), "qwen3_attention", "qwen3_attention"); },
                            {"sliding-window layers must capture the window"});
   expectError<FormatError>(
-      [&] { attentionHook(bundle, "qwen3_attention", "window_too_wide"); },
+      [&] { attentionHook(KernelBundle::openCached(bundle), "qwen3_attention", "window_too_wide"); },
       {"spec 'window_too_wide'", "not the document-causal sliding-window (q - kv < window) pattern",
        "sequences [0, 5) and [5, 12) with window 3", "query 3 of head 0 sees key 0"});
 
   // Calls whose layer does not fit the spec.
-  const SelfAttentionFn hook = attentionHook(bundle, "qwen3_5_attention");
+  const SelfAttentionFn hook = attentionHook(KernelBundle::openCached(bundle), "qwen3_5_attention");
   const TokenLayout rows = TokenLayout::rows(2, 9, torch::kCPU);
   const AttentionProblem wide = randomAttention(9, 4, 2, 128);
   expectError<FormatError>(
@@ -289,7 +292,7 @@ TEST(TargetModelHooks, AttentionHookTakesOnlyTheModelsKindOfMask) {
   const std::string dflash = test::exampleBundle("dflash");
   if (causal.empty() || alibi.empty() || dflash.empty())
     GTEST_SKIP() << "no example attention bundles";
-  const SelfAttentionFn hook = attentionHook(causal, "causal_attention");
+  const SelfAttentionFn hook = attentionHook(KernelBundle::openCached(causal), "causal_attention");
   const AttentionProblem p = randomAttention(20, 32, 8, 128);
   const double scale = 1.0 / std::sqrt(128.0);
   const TokenLayout rows = TokenLayout::rows(2, 20, torch::kCPU);
@@ -301,9 +304,9 @@ TEST(TargetModelHooks, AttentionHookTakesOnlyTheModelsKindOfMask) {
   expectError<FormatError>([&] { hook({p.q, p.k, p.v, packed, std::nullopt, scale}); },
                            {"spec 'causal_attention'", "packed rows need a spec whose mask "
                                                        "captures document_ids"});
-  expectError<FormatError>([&] { attentionHook(alibi, "alibi_attention"); },
+  expectError<FormatError>([&] { attentionHook(KernelBundle::openCached(alibi), "alibi_attention"); },
                            {"has a score_mod ('alibi')"});
-  expectError<FormatError>([&] { attentionHook(dflash, "drafter_attention"); },
+  expectError<FormatError>([&] { attentionHook(KernelBundle::openCached(dflash), "drafter_attention"); },
                            {"capture 'anchors' is not one the target model provides"});
 }
 

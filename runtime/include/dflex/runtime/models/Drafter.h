@@ -18,8 +18,9 @@
 // norm.weight; no embedding or LM head).
 #pragma once
 
-#include "dflex/runtime/BlockLoss.h"
-#include "dflex/runtime/ModelConfig.h"
+#include "dflex/runtime/loss/BlockLoss.h"
+#include "dflex/runtime/bundle/KernelBundle.h"
+#include "dflex/runtime/checkpoint/ModelConfig.h"
 #include "dflex/runtime/models/Layers.h"
 
 #include <torch/torch.h>
@@ -28,10 +29,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-namespace dflex::runtime {
-struct TrainingBatch;
-}
 
 namespace dflex::runtime::models {
 
@@ -77,25 +74,29 @@ public:
                        double scale) const override;
 };
 
-/// The dflex attention op (runtime/Attention.h) with the specs of kernel
+/// The dflex attention op (attention/AttentionOp.h) with the specs of kernel
 /// bundles: one for full-attention layers and, if the drafter has any, one
 /// for sliding-window layers (from `slidingWindowBundle`, or the same bundle
-/// when that is empty). Captures are bound by name: "anchors" (int32
+/// when that is null). Throws FormatError when a bundle lacks a spec. Captures are bound by name: "anchors" (int32
 /// [B, N], -1 for padding blocks), "ctx_len" (T), "window", and
 /// "context_start" (int32 [B, N]) when the spec declares it. A spec without
 /// context_start only knows "keys before the anchor": it is refused for
 /// batches where a valid block's context starts after 0 (packed rows).
 class BundleDrafterAttention : public DrafterAttention {
 public:
-  BundleDrafterAttention(std::string bundleDirectory, std::string fullAttentionSpec,
-                         std::string slidingWindowSpec = {},
-                         std::string slidingWindowBundle = {});
+  BundleDrafterAttention(std::shared_ptr<const KernelBundle> bundle,
+                         const std::string &fullAttentionSpec,
+                         const std::string &slidingWindowSpec = {},
+                         std::shared_ptr<const KernelBundle> slidingWindowBundle = nullptr);
   torch::Tensor attend(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &v,
                        const DFlashBlocks &blocks, LayerKind kind, std::optional<int64_t> window,
                        double scale) const override;
 
 private:
-  std::string bundle_, fullSpec_, slidingSpec_, slidingBundle_;
+  std::shared_ptr<const KernelBundle> bundle_;
+  const AttentionKernelSpec *fullSpec_;
+  std::shared_ptr<const KernelBundle> slidingBundle_;
+  const AttentionKernelSpec *slidingSpec_; // null: the drafter has no sliding-window layer
 };
 
 /// An RMSNorm with its weight (Qwen3 convention).
@@ -146,11 +147,6 @@ struct DrafterInputs {
   torch::Tensor blockPositions;   ///< int64 [B, N, K]
   DFlashBlocks blocks;
 };
-
-/// The drafter inputs of a training batch, on `device`; contextFeatures as
-/// given (already on the device, [B, T, n * Ht]).
-DrafterInputs drafterInputs(const TrainingBatch &batch, const torch::Tensor &contextFeatures,
-                            torch::Device device);
 
 /// The concatenated target hidden states in DFlashConfig order, from
 /// TargetOutputs::hiddenStates captured for exactly targetLayerIds.

@@ -8,7 +8,7 @@
 // tables are computed in float32 and rounded to the activation dtype.
 #pragma once
 
-#include "dflex/runtime/ModelConfig.h"
+#include "dflex/runtime/checkpoint/ModelConfig.h"
 
 #include <torch/types.h>
 
@@ -24,6 +24,10 @@ namespace dflex::runtime::models {
 /// silu, query heads a multiple of key/value heads. Throws FormatError
 /// "<where>: ...".
 void checkDecoderConfig(const TransformerConfig &config, const std::string &where);
+
+/// The dtype norms and recurrences compute in: float64 for float64 inputs
+/// (the reference checks), else float32.
+torch::ScalarType computeType(const torch::Tensor &x);
 
 /// Qwen3's RMSNorm: weight * round(x / rms(x)), the normalisation in float32.
 torch::Tensor rmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps);

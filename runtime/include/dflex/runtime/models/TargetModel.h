@@ -6,8 +6,8 @@
 // (docs/models.md).
 #pragma once
 
-#include "dflex/runtime/ModelConfig.h"
-#include "dflex/runtime/models/GatedDelta.h"
+#include "dflex/runtime/checkpoint/ModelConfig.h"
+#include "dflex/runtime/models/GatedDeltaRule.h"
 #include "dflex/runtime/models/Layers.h"
 
 #include <torch/types.h>
@@ -41,9 +41,9 @@ struct TargetModelOptions {
   torch::ScalarType dtype = torch::kBFloat16;
   torch::Device device = torch::kCPU;
   /// Hook points for the GPU kernels: the dflex attention op with a
-  /// document-causal spec (attentionHook, dflex/runtime/Attention.h) and the
-  /// dflex gated-delta op (gatedDeltaHook, dflex/runtime/GatedDelta.h).
-  /// Empty: causalAttention and gatedDeltaRule in plain LibTorch.
+  /// document-causal spec and the dflex gated-delta op (attentionHook and
+  /// gatedDeltaHook, models/KernelHooks.h). Empty: causalAttention and
+  /// gatedDeltaRule in plain LibTorch.
   SelfAttentionFn attention;
   GatedDeltaFn gatedDelta;
 };

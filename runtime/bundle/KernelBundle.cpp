@@ -1,0 +1,523 @@
+#include "dflex/runtime/bundle/KernelBundle.h"
+
+#include "BundleManifest.h"
+
+#include "dflex/Analysis/IntervalEvaluator.h"
+#include "dflex/Cache/KernelCache.h"
+#include "dflex/Codegen/Attention.h"
+#include "dflex/Codegen/KernelSources.h"
+#include "dflex/Compile/CachedCompile.h"
+#include "dflex/Compile/Nvrtc.h"
+#include "dflex/Compile/PtxConstants.h"
+#include "dflex/Expr/ProgramJson.h"
+#include "dflex/Support/File.h"
+#include "dflex/Support/Sha256.h"
+#include "dflex/Support/Error.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <mutex>
+
+namespace dflex::runtime {
+
+namespace {
+
+
+
+const JsonValue::Array &arrayMember(const JsonObject &object, const char *key) {
+  const JsonValue *member = nullptr;
+  auto found = object.members().find(key);
+  if (found != object.members().end())
+    member = &found->second;
+  if (!member || !member->isArray())
+    object.fail(key, member ? "expected an array" : "missing");
+  return member->asArray();
+}
+
+AttentionLaunch parseLaunch(const JsonObject &launch, const char *symbol, bool backward) {
+  JsonObject entry = launch.object(symbol);
+  AttentionLaunch result;
+  result.threads = entry.integer("threads");
+  result.sharedBytes = entry.integer("shared_bytes");
+  result.blockM = entry.integer("block_m");
+  result.blockN = entry.integer("block_n");
+  if (backward)
+    result.rowKernelThreads = entry.integer("row_kernel_threads");
+  auto positive = [&](const char *key, int64_t value) {
+    if (value <= 0 || value > (int64_t(1) << 24))
+      entry.fail(key, "must be a positive launch constant, got " + std::to_string(value));
+  };
+  positive("threads", result.threads);
+  positive("block_m", result.blockM);
+  positive("block_n", result.blockN);
+  if (result.sharedBytes < 0 || result.sharedBytes > (int64_t(1) << 24))
+    entry.fail("shared_bytes", "out of range: " + std::to_string(result.sharedBytes));
+  if (backward)
+    positive("row_kernel_threads", result.rowKernelThreads);
+  return result;
+}
+
+/// The launch constants of one arch's binary of `spec` (`launch`: symbol ->
+/// name -> value): the portable kernels', and the Hopper kernels' exactly
+/// where that arch's binary has them.
+AttentionLaunches parseLaunches(const JsonObject &launch, const AttentionKernelSpec &spec,
+                                const std::string &arch) {
+  AttentionLaunches result;
+  result.forward = parseLaunch(launch, "dflex_forward_launch", false);
+  result.backward = parseLaunch(launch, "dflex_backward_launch", true);
+  auto hopper = [&](const char *role, const char *symbol,
+                    bool backward) -> std::optional<AttentionLaunch> {
+    if (spec.hasKernel(role, arch))
+      return parseLaunch(launch, symbol, backward);
+    if (launch.has(symbol))
+      launch.fail(symbol, "the " + arch + " binary has no kernel '" + role +
+                              "', yet has its launch constants");
+    return std::nullopt;
+  };
+  result.forwardSm90 = hopper("attention_forward_sm90", "dflex_forward_sm90_launch", false);
+  result.backwardSm90 = hopper("attention_backward_sm90", "dflex_backward_sm90_launch", true);
+  return result;
+}
+
+/// The launch constants `spec`'s kernels for `arch` need, read from the PTX
+/// of a compile for `arch` and checked as the manifest's are.
+AttentionLaunches launchesFromPtx(const AttentionKernelSpec &spec, const std::string &arch,
+                                  const std::string &ptx, const std::string &label) {
+  JsonValue launch = JsonValue::object();
+  auto read = [&](const char *symbol, const auto &names) {
+    Result<std::vector<int64_t>> values = compile::readPtxIntArray(ptx, symbol, names.size());
+    if (!values.ok())
+      throw FormatError(label + ": " + values.error());
+    for (size_t i = 0; i < names.size(); ++i)
+      launch[symbol][names[i]] = values.value()[i];
+  };
+  read("dflex_forward_launch", codegen::kForwardLaunchNames);
+  read("dflex_backward_launch", codegen::kBackwardLaunchNames);
+  if (spec.hasKernel("attention_forward_sm90", arch))
+    read("dflex_forward_sm90_launch", codegen::kForwardLaunchNames);
+  if (spec.hasKernel("attention_backward_sm90", arch))
+    read("dflex_backward_sm90_launch", codegen::kBackwardLaunchNames);
+  return parseLaunches(JsonObject(launch, label + ": launch constants"), spec, arch);
+}
+
+expr::Program parseProgram(const JsonObject &module, const std::string &name, const char *kind) {
+  for (const JsonValue &json : arrayMember(module, "programs")) {
+    const JsonValue *programName = json.find("name");
+    const JsonValue *programKind = json.find("kind");
+    if (!programName || !programName->isString() || programName->asString() != name ||
+        !programKind || !programKind->isString() || programKind->asString() != kind)
+      continue;
+    Result<expr::Program> program = expr::programFromJson(json);
+    if (!program.ok())
+      module.fail("programs", std::string(kind) + " '" + name + "': " + program.error());
+    return std::move(program).value();
+  }
+  module.fail("programs", std::string("no ") + kind + " named '" + name + "'");
+}
+
+/// The variant layout follows from the programs; the manifest's copy must
+/// agree, or the kernels were built from other bodies than those it carries.
+codegen::VariantLayout checkedLayout(const JsonObject &module, const AttentionKernelSpec &spec) {
+  Result<codegen::VariantLayout> layout =
+      codegen::layoutVariant(spec.mask, spec.scoreMod ? &*spec.scoreMod : nullptr);
+  if (!layout.ok())
+    module.fail("programs", layout.error());
+  JsonObject variant = module.object("variant");
+  const codegen::VariantLayout &expected = layout.value();
+  const JsonValue::Array &captures = arrayMember(variant, "captures");
+  if (variant.integer("size_bytes") != expected.sizeBytes ||
+      captures.size() != expected.captures.size())
+    variant.fail("captures", "do not match the layout of the programs' captures");
+  for (size_t i = 0; i < captures.size(); ++i) {
+    JsonObject capture(captures[i], variant.where() + ": captures[" + std::to_string(i) + "]");
+    const codegen::CaptureSlot &slot = expected.captures[i];
+    if (capture.string("name") != slot.name || capture.integer("offset_bytes") != slot.offsetBytes ||
+        capture.integer("size_bytes") != slot.sizeBytes || capture.integer("rank") != slot.rank ||
+        capture.boolean("tensor", false) != slot.isTensor ||
+        capture.string("type") != expr::toString(slot.elementType))
+      capture.fail("name", "capture '" + slot.name + "' does not match the programs' layout");
+  }
+  return expected;
+}
+
+AttentionKernelSpec parseAttention(const JsonObject &module) {
+  AttentionKernelSpec spec;
+  spec.name = module.string("name");
+  JsonObject attributes = module.object("spec");
+  spec.numQHeads = attributes.integer("num_q_heads");
+  spec.numKvHeads = attributes.integer("num_kv_heads");
+  spec.qkHeadDim = attributes.integer("qk_head_dim");
+  spec.vHeadDim = attributes.integer("v_head_dim");
+  spec.elementType = attributes.string("element_type");
+  spec.scale = static_cast<float>(attributes.number("scale"));
+  if (spec.numQHeads <= 0 || spec.numKvHeads <= 0 || spec.numQHeads % spec.numKvHeads != 0)
+    attributes.fail("num_kv_heads", "must divide num_q_heads");
+  if (spec.qkHeadDim <= 0 || spec.vHeadDim <= 0)
+    attributes.fail("qk_head_dim", "head dims must be positive");
+  if (spec.elementType != "bf16" && spec.elementType != "f16")
+    attributes.fail("element_type", "expected bf16 or f16, got '" + spec.elementType + "'");
+
+  spec.mask = parseProgram(module, attributes.string("mask"), "mask");
+  if (std::optional<std::string> scoreMod = attributes.optionalString("score_mod")) {
+    spec.scoreMod = parseProgram(module, *scoreMod, "score_mod");
+    if (spec.scoreMod->scoreDerivative < 0)
+      module.fail("programs", "score_mod '" + *scoreMod + "' carries no derivative");
+  }
+  spec.layout = checkedLayout(module, spec);
+
+  const JsonValue::Array &kernels = arrayMember(module, "kernels");
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    JsonObject entry(kernels[i], module.where() + ": kernels[" + std::to_string(i) + "]");
+    BundleKernel kernel;
+    kernel.role = entry.string("role");
+    kernel.nameExpression = entry.string("name_expression");
+    kernel.requiredTarget = entry.optionalString("required_target").value_or("");
+    JsonObject archs = entry.object("archs");
+    for (const auto &[arch, value] : archs.members())
+      kernel.loweredNames[arch] =
+          JsonObject(value, archs.where() + ": " + arch).string("lowered_name");
+    // The launch code of the Hopper roles runs them only from sm_90a binaries.
+    const bool hopper = kernel.role.size() > 5 &&
+                        kernel.role.compare(kernel.role.size() - 5, 5, "_sm90") == 0;
+    if (hopper && kernel.requiredTarget != codegen::kSm90Target)
+      entry.fail("required_target", "kernel '" + kernel.role + "' must require " +
+                                        codegen::kSm90Target + ", got '" +
+                                        kernel.requiredTarget + "'");
+    spec.kernels.push_back(std::move(kernel));
+  }
+  auto requireRoles = [&](std::initializer_list<const char *> roles) {
+    for (const char *role : roles)
+      if (!spec.hasRole(role))
+        module.fail("kernels", std::string("no kernel with role '") + role + "'");
+  };
+  requireRoles({"attention_forward", "attention_backward_preprocess", "attention_backward",
+                "attention_backward_grad_q"});
+  // The Hopper backward's kernels come as a set, with the Hopper forward.
+  if (spec.hasRole("attention_backward_sm90") ||
+      spec.hasRole("attention_backward_preprocess_sm90") ||
+      spec.hasRole("attention_backward_grad_q_sm90"))
+    requireRoles({"attention_forward_sm90", "attention_backward_preprocess_sm90",
+                  "attention_backward_sm90", "attention_backward_grad_q_sm90"});
+
+  spec.binaries = detail::parseBundleBinaries(module, spec.kernels);
+  // Each binary's launch constants, read from its own PTX.
+  JsonObject binaries = module.object("binaries");
+  for (const auto &[arch, binary] : spec.binaries)
+    spec.launches[arch] = parseLaunches(binaries.object(arch).object("launch"), spec, arch);
+  spec.sourceFile = module.string("source_file");
+  spec.sourceSha256 = module.string("source_sha256");
+  return spec;
+}
+
+/// A file name inside the bundle: no directories, so a manifest cannot point
+/// elsewhere.
+void checkFileName(const std::string &manifestPath, const std::string &file) {
+  if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos)
+    throw FormatError(manifestPath + ": '" + file + "' is not a file name inside the bundle");
+}
+
+} // namespace
+
+MaskEvaluatorPool::MaskEvaluatorPool() = default;
+MaskEvaluatorPool::~MaskEvaluatorPool() = default;
+
+std::unique_ptr<analysis::IntervalEvaluator> MaskEvaluatorPool::take() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (kept_.empty())
+    return nullptr;
+  std::unique_ptr<analysis::IntervalEvaluator> evaluator = std::move(kept_.back());
+  kept_.pop_back();
+  return evaluator;
+}
+
+void MaskEvaluatorPool::give(std::unique_ptr<analysis::IntervalEvaluator> evaluator) {
+  constexpr size_t kKept = 4; // concurrent calls of one spec worth keeping for
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (kept_.size() < kKept)
+    kept_.push_back(std::move(evaluator));
+}
+
+const BundleKernel &AttentionKernelSpec::kernel(const std::string &role) const {
+  for (const BundleKernel &kernel : kernels)
+    if (kernel.role == role)
+      return kernel;
+  throw FormatError("attention spec '" + name + "' has no kernel with role '" + role + "'");
+}
+
+bool AttentionLaunch::operator==(const AttentionLaunch &other) const {
+  return threads == other.threads && sharedBytes == other.sharedBytes &&
+         blockM == other.blockM && blockN == other.blockN &&
+         rowKernelThreads == other.rowKernelThreads;
+}
+
+bool AttentionLaunches::operator==(const AttentionLaunches &other) const {
+  return forward == other.forward && backward == other.backward &&
+         forwardSm90 == other.forwardSm90 && backwardSm90 == other.backwardSm90;
+}
+
+bool AttentionKernelSpec::hasRole(const std::string &role) const {
+  for (const BundleKernel &kernel : kernels)
+    if (kernel.role == role)
+      return true;
+  return false;
+}
+
+bool AttentionKernelSpec::hasKernel(const std::string &role, const std::string &arch) const {
+  for (const BundleKernel &kernel : kernels)
+    if (kernel.role == role)
+      return codegen::buildsFor(kernel.requiredTarget, arch);
+  return false;
+}
+
+std::vector<std::string> AttentionKernelSpec::captureNames() const {
+  std::vector<std::string> names;
+  for (const codegen::CaptureSlot &slot : layout.captures)
+    names.push_back(slot.name);
+  return names;
+}
+
+std::string KernelBundle::path(const std::string &file) const {
+  return (std::filesystem::path(directory_) / file).string();
+}
+
+std::string KernelBundle::readVerified(const std::string &file,
+                                       const std::string &sha256) const {
+  checkFileName(path("manifest.json"), file);
+  const std::string filePath = path(file);
+  Result<std::string> contents = readFile(filePath);
+  if (!contents.ok())
+    throw IoError("kernel bundle: " + contents.error());
+  const std::string actual = Sha256::hexDigest(contents.value());
+  if (actual != sha256)
+    throw FormatError("kernel bundle: " + filePath + ": sha256 " + actual +
+                      " does not match the manifest's " + sha256 +
+                      " (the file was changed or the bundle is incomplete)");
+  return std::move(contents).value();
+}
+
+std::shared_ptr<const KernelBundle> KernelBundle::open(const std::string &directory) {
+  auto bundle = std::shared_ptr<KernelBundle>(new KernelBundle());
+  bundle->directory_ = directory;
+  const std::string manifestPath = bundle->path("manifest.json");
+  if (!std::filesystem::is_directory(directory))
+    throw IoError("kernel bundle: " + directory + " is not a directory");
+  JsonValue manifest = readJsonFile(manifestPath);
+  JsonObject root(manifest, manifestPath);
+
+  const int64_t format = root.integer("format_version");
+  if (format != codegen::kBundleFormatVersion)
+    root.fail("format_version", "this runtime reads version " +
+                                    std::to_string(codegen::kBundleFormatVersion) + ", got " +
+                                    std::to_string(format) +
+                                    "; rebuild the bundle with this version's dflex-compile");
+  // The runtime passes kernel parameters as the structs of its own copy of
+  // the kernel templates: both sides must be the same templates.
+  const std::string &templates = root.string("template_version");
+  if (templates != codegen::kTemplateVersion)
+    root.fail("template_version", "the bundle was built with kernel templates '" + templates +
+                                      "', this runtime has '" + codegen::kTemplateVersion +
+                                      "'; rebuild it with this version's dflex-compile");
+
+  const JsonValue::Array &modules = arrayMember(root, "modules");
+  for (size_t i = 0; i < modules.size(); ++i) {
+    JsonObject module(modules[i], manifestPath + ": modules[" + std::to_string(i) + "]");
+    if (module.string("kind") != "attention")
+      continue;
+    JsonObject named(modules[i], manifestPath + ": module '" + module.string("name") + "'");
+    bundle->attention_.push_back(parseAttention(named));
+  }
+
+  // Every listed file must be there and intact.
+  for (const AttentionKernelSpec &spec : bundle->attention_) {
+    bundle->readVerified(spec.sourceFile, spec.sourceSha256);
+    for (const auto &[arch, binary] : spec.binaries) {
+      bundle->readVerified(binary.ptxFile, binary.ptxSha256);
+      if (!binary.cubinFile.empty())
+        bundle->readVerified(binary.cubinFile, binary.cubinSha256);
+    }
+  }
+  return bundle;
+}
+
+std::shared_ptr<const KernelBundle> KernelBundle::openCached(const std::string &directory) {
+  // The manifest's identity: inode, size and modification time.
+  struct Identity {
+    int64_t inode = -1, size = -1, modifiedNs = -1;
+    bool operator==(const Identity &other) const {
+      return inode == other.inode && size == other.size && modifiedNs == other.modifiedNs;
+    }
+  };
+  struct Entry {
+    Identity identity;
+    std::shared_ptr<const KernelBundle> bundle;
+  };
+  static std::mutex mutex;
+  // By the directory as the caller spells it (every op call: one stat), and
+  // by its canonical path (on a miss), so that spellings of one directory
+  // share a bundle and its loaded modules.
+  static std::map<std::string, Entry> *bySpelling = new std::map<std::string, Entry>();
+  static std::map<std::string, Entry> *byPath = new std::map<std::string, Entry>();
+
+  struct stat info {};
+  const std::string manifestPath = (std::filesystem::path(directory) / "manifest.json").string();
+  if (::stat(manifestPath.c_str(), &info) != 0)
+    return open(directory); // reports the missing manifest
+  const Identity identity{static_cast<int64_t>(info.st_ino), static_cast<int64_t>(info.st_size),
+                          int64_t(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec};
+
+  std::lock_guard<std::mutex> lock(mutex);
+  Entry &spelled = (*bySpelling)[directory];
+  if (spelled.bundle && spelled.identity == identity)
+    return spelled.bundle;
+  std::error_code error;
+  std::string path = std::filesystem::weakly_canonical(directory, error).string();
+  if (error)
+    path = directory;
+  Entry &canonical = (*byPath)[path];
+  if (!canonical.bundle || !(canonical.identity == identity)) {
+    canonical.bundle = open(path);
+    canonical.identity = identity;
+  }
+  spelled = canonical;
+  return spelled.bundle;
+}
+
+KernelImage KernelBundle::kernelImage(const AttentionKernelSpec &spec,
+                                      const std::string &arch) const {
+  if (auto found = spec.binaries.find(arch);
+      found != spec.binaries.end() && !found->second.cubinFile.empty()) {
+    KernelImage image;
+    image.image = readVerified(found->second.cubinFile, found->second.cubinSha256);
+    image.arch = arch;
+    image.label = path(found->second.cubinFile);
+    for (const BundleKernel &kernel : spec.kernels)
+      if (auto lowered = kernel.loweredNames.find(arch); lowered != kernel.loweredNames.end())
+        image.loweredNames[kernel.role] = lowered->second;
+    return image;
+  }
+  const CompiledAttention &compiled = compiledAttention(spec, arch);
+  // The kernels are launched with the manifest's constants for `arch` where
+  // it has them: they must be the compiled ones.
+  if (auto listed = spec.launches.find(arch);
+      listed != spec.launches.end() && listed->second != compiled.launches)
+    throw FormatError(compiled.image.label + ": its launch constants differ from those of " +
+                      path("manifest.json") + " for " + arch + " (module '" + spec.name +
+                      "': binaries: " + arch + ": launch); rebuild the bundle");
+  return compiled.image;
+}
+
+AttentionLaunches KernelBundle::attentionLaunches(const AttentionKernelSpec &spec,
+                                                  const std::string &arch) const {
+  if (auto listed = spec.launches.find(arch); listed != spec.launches.end())
+    return listed->second;
+  return compiledAttention(spec, arch).launches;
+}
+
+const KernelBundle::CompiledAttention &
+KernelBundle::compiledAttention(const AttentionKernelSpec &spec, const std::string &arch) const {
+  // The request dflex-compile makes for the arch, so that both share cache
+  // entries.
+  compile::CompileRequest request;
+  request.programName = spec.name + ".cu";
+  request.archs = {arch};
+  request.options = {"-std=c++17"};
+  std::vector<const BundleKernel *> built;
+  std::string key = spec.sourceSha256 + "\n" + arch;
+  for (const BundleKernel &kernel : spec.kernels)
+    if (codegen::buildsFor(kernel.requiredTarget, arch)) {
+      request.nameExpressions.push_back(kernel.nameExpression);
+      built.push_back(&kernel);
+      key += "\n" + kernel.nameExpression;
+    }
+  std::lock_guard<std::mutex> lock(compileMutex_);
+  std::unique_ptr<const CompiledAttention> &slot = compiled_[key];
+  if (slot)
+    return *slot;
+
+  request.source = readVerified(spec.sourceFile, spec.sourceSha256);
+  for (const codegen::EmbeddedHeader &header : codegen::kernelHeaders())
+    request.headers.push_back({header.name, header.contents});
+  cache::CacheConfig config;
+  config.warningSink = cache::stderrWarningSink();
+  cache::KernelCache kernelCache(config);
+  Result<std::vector<compile::ArchBinary>> binaries =
+      compile::compileCached(request, kernelCache, codegen::kTemplateVersion);
+  if (!binaries.ok())
+    throw FormatError("kernel bundle " + directory_ + ": spec '" + spec.name +
+                      "' has no binary for " + arch + " and compiling its source " +
+                      spec.sourceFile + " failed: " + binaries.error());
+  compile::ArchBinary &binary = binaries.value().front();
+  auto compiled = std::make_unique<CompiledAttention>();
+  KernelImage &image = compiled->image;
+  image.arch = arch;
+  image.label = path(spec.sourceFile) + " (compiled for " + arch + ")";
+  image.compiled = true;
+  if (binary.cubin.empty())
+    throw FormatError(image.label + ": NVRTC gave no cubin for " + arch);
+  for (const BundleKernel *kernel : built) {
+    std::string lowered = binary.loweredName(kernel->nameExpression);
+    if (lowered.empty())
+      throw FormatError(image.label + ": NVRTC gave no lowered name for " +
+                        kernel->nameExpression);
+    image.loweredNames[kernel->role] = lowered;
+  }
+  compiled->launches = launchesFromPtx(spec, arch, binary.ptx, image.label);
+  // What dflex-compile checks for its binaries: static plus dynamic shared
+  // memory within the arch's limit.
+  auto sharedBytes = [&](const char *role, const std::optional<AttentionLaunch> &launch) {
+    if (launch && spec.hasKernel(role, arch))
+      request.dynamicSharedBytes[spec.kernel(role).nameExpression] =
+          static_cast<uint64_t>(launch->sharedBytes);
+  };
+  sharedBytes("attention_forward", compiled->launches.forward);
+  sharedBytes("attention_backward", compiled->launches.backward);
+  sharedBytes("attention_forward_sm90", compiled->launches.forwardSm90);
+  sharedBytes("attention_backward_sm90", compiled->launches.backwardSm90);
+  if (Status status = compile::checkSharedMemory(request, binary); !status.ok())
+    throw FormatError(image.label + ": " + status.message());
+  image.image = std::move(binary.cubin);
+  slot = std::move(compiled);
+  return *slot;
+}
+
+const AttentionKernelSpec &KernelBundle::attention(const std::string &name) const {
+  std::string known;
+  for (const AttentionKernelSpec &spec : attention_) {
+    if (spec.name == name)
+      return spec;
+    known += (known.empty() ? "" : ", ") + spec.name;
+  }
+  throw FormatError("kernel bundle " + directory_ + " has no attention spec '" + name +
+                    "' (it has: " + (known.empty() ? "none" : known) + ")");
+}
+
+std::map<std::string, BundleBinary>
+detail::parseBundleBinaries(const JsonObject &module, const std::vector<BundleKernel> &kernels) {
+  std::map<std::string, BundleBinary> result;
+  JsonObject binaries = module.object("binaries");
+  for (const auto &[arch, value] : binaries.members()) {
+    JsonObject entry(value, binaries.where() + ": " + arch);
+    BundleBinary binary;
+    binary.arch = arch;
+    binary.ptxFile = entry.string("ptx");
+    binary.ptxSha256 = entry.string("ptx_sha256");
+    if (entry.hasValue("cubin")) {
+      binary.cubinFile = entry.string("cubin");
+      binary.cubinSha256 = entry.string("cubin_sha256");
+    }
+    // A binary has exactly the kernels its arch builds.
+    for (const BundleKernel &kernel : kernels) {
+      const bool built = codegen::buildsFor(kernel.requiredTarget, arch);
+      if (built && !kernel.loweredNames.count(arch))
+        entry.fail("ptx", "kernel '" + kernel.role + "' has no lowered name for " + arch);
+      if (!built && kernel.loweredNames.count(arch))
+        entry.fail("ptx", "kernel '" + kernel.role + "' needs " + kernel.requiredTarget +
+                              " but has a lowered name for " + arch);
+    }
+    result[arch] = std::move(binary);
+  }
+  return result;
+}
+
+} // namespace dflex::runtime

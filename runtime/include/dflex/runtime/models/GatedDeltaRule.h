@@ -1,0 +1,51 @@
+// The gated delta rule of Qwen3.5's linear-attention layers, in plain
+// LibTorch (any device): the chunked (UT-transform) algorithm, and the short
+// causal depthwise convolution in front of it. On the GPU the dflex
+// gated-delta op replaces gatedDeltaRule through TargetModelOptions::gatedDelta
+// (gatedDeltaHook, dflex/runtime/models/KernelHooks.h).
+//
+// Per value head, with the state S [Dk, Dv] in float32:
+//   S_t = exp(g_t) S_{t-1};  u_t = beta_t (v_t - S_t^T k_t);
+//   S_t = S_t + k_t u_t^T;   o_t = S_t^T (scale q_t)
+// q and k optionally L2-normalised first (x / sqrt(sum x^2 + 1e-6)).
+#pragma once
+
+#include "dflex/runtime/models/Layers.h"
+
+#include <torch/types.h>
+
+namespace dflex::runtime::models {
+
+struct GatedDeltaOptions {
+  /// Tokens per chunk of the chunked algorithm (the result does not depend
+  /// on it beyond rounding).
+  int64_t chunkSize = 64;
+  bool qkL2Norm = true;
+  /// 0: 1 / sqrt(Dk).
+  double scale = 0;
+};
+
+/// q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g and beta [B, T, Hv] (g <= 0, in
+/// log space), Hv a multiple of Hk (key head h serves value heads
+/// [h * Hv/Hk, (h + 1) * Hv/Hk)). Every row is one sequence starting from a
+/// zero state. Computes in float32 (float64 for float64 inputs); returns
+/// [B, T, Hv, Dv] in the dtype of q.
+torch::Tensor gatedDeltaRule(const torch::Tensor &q, const torch::Tensor &k,
+                             const torch::Tensor &v, const torch::Tensor &g,
+                             const torch::Tensor &beta, const GatedDeltaOptions &options = {});
+
+/// gatedDeltaRule over the sequences of `layout`: each segment of a packed
+/// row starts from a zero state.
+torch::Tensor gatedDeltaRule(const torch::Tensor &q, const torch::Tensor &k,
+                             const torch::Tensor &v, const torch::Tensor &g,
+                             const torch::Tensor &beta, const TokenLayout &layout,
+                             const GatedDeltaOptions &options = {});
+
+/// Causal depthwise convolution over time within each sequence of `layout`:
+/// out[t, c] = sum_i weight[c, 0, i] x[t + i - (K - 1), c], with x before
+/// the sequence start read as 0. x [B, T, C], weight [C, 1, K]; accumulated
+/// in float32 (float64 for float64 input), rounded once to the dtype of x.
+torch::Tensor causalDepthwiseConv(const torch::Tensor &x, const torch::Tensor &weight,
+                                  const TokenLayout &layout);
+
+} // namespace dflex::runtime::models

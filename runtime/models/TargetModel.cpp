@@ -1,0 +1,233 @@
+#include "dflex/runtime/models/TargetModel.h"
+
+#include "dflex/Support/Error.h"
+#include "dflex/runtime/checkpoint/SafeTensors.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace dflex::runtime::models {
+
+namespace {
+
+using torch::Tensor;
+
+/// Reads the tensors of one checkpoint, checking shapes and converting them
+/// to the model's dtype and device.
+class WeightReader {
+public:
+  WeightReader(const SafeTensorsCheckpoint &checkpoint, std::string prefix,
+               const TargetModelOptions &options)
+      : checkpoint_(checkpoint), prefix_(std::move(prefix)), options_(options) {}
+
+  Tensor operator()(const std::string &name, std::vector<int64_t> shape) const {
+    return read(prefix_ + name, shape);
+  }
+
+  Tensor read(const std::string &fullName, const std::vector<int64_t> &shape) const {
+    if (!checkpoint_.contains(fullName))
+      throw FormatError(checkpoint_.source() + ": missing tensor '" + fullName + "'");
+    Tensor t = checkpoint_.tensor(fullName);
+    if (t.sizes() != torch::IntArrayRef(shape))
+      throw FormatError(checkpoint_.source() + ": tensor '" + fullName + "' has shape " +
+                        c10::str(t.sizes()) + ", the config implies " +
+                        c10::str(torch::IntArrayRef(shape)));
+    return t.to(options_.device, options_.dtype).contiguous();
+  }
+
+private:
+  const SafeTensorsCheckpoint &checkpoint_;
+  std::string prefix_;
+  const TargetModelOptions &options_;
+};
+
+void checkSupported(const TransformerConfig &c, const std::string &where) {
+  if (c.modelType != "qwen3" && c.modelType != "qwen3_5_text")
+    throw FormatError(where + ": model_type '" + c.modelType +
+                      "' is not supported (qwen3, qwen3_5)");
+  checkDecoderConfig(c, where);
+  if (c.gatedDelta && (c.gatedDelta->numKeyHeads <= 0 ||
+                       c.gatedDelta->numValueHeads % c.gatedDelta->numKeyHeads != 0))
+    throw FormatError(where + ": linear_num_value_heads is not a multiple of "
+                              "linear_num_key_heads");
+}
+
+} // namespace
+
+TargetModel::TargetModel(TransformerConfig config, TargetModelOptions options)
+    : config_(std::move(config)), options_(std::move(options)),
+      zeroCenteredNorms_(config_.modelType == "qwen3_5_text"),
+      rotary_(config_.rope, config_.headDim) {}
+
+TargetModel TargetModel::load(const std::string &directory, const TargetModelOptions &options) {
+  TransformerConfig config = loadTransformerConfig(directory);
+  checkSupported(config, directory + "/config.json");
+  const SafeTensorsCheckpoint checkpoint = SafeTensorsCheckpoint::open(directory);
+  // Multimodal Qwen3.5 checkpoints hold the language model under
+  // model.language_model; text-only ones under model.
+  const std::string prefix =
+      checkpoint.contains("model.language_model.embed_tokens.weight") ? "model.language_model."
+                                                                      : "model.";
+  const WeightReader read(checkpoint, prefix, options);
+  TargetModel model(config, options);
+  const TransformerConfig &c = model.config_;
+  const int64_t hidden = c.hiddenSize, headDim = c.headDim;
+  const int64_t qWidth = c.numAttentionHeads * headDim, kvWidth = c.numKeyValueHeads * headDim;
+
+  model.embedTokens_ = read("embed_tokens.weight", {c.vocabSize, hidden});
+  model.lmHead_ = c.tieWordEmbeddings ? model.embedTokens_
+                                      : read.read("lm_head.weight", {c.vocabSize, hidden});
+  model.finalNorm_ = read("norm.weight", {hidden});
+  for (int64_t i = 0; i < c.numHiddenLayers; ++i) {
+    const std::string layer = "layers." + std::to_string(i) + ".";
+    LayerWeights w;
+    w.kind = c.layerKinds.at(i);
+    w.inputNorm = read(layer + "input_layernorm.weight", {hidden});
+    w.postAttentionNorm = read(layer + "post_attention_layernorm.weight", {hidden});
+    w.mlpGate = read(layer + "mlp.gate_proj.weight", {c.intermediateSize, hidden});
+    w.mlpUp = read(layer + "mlp.up_proj.weight", {c.intermediateSize, hidden});
+    w.mlpDown = read(layer + "mlp.down_proj.weight", {hidden, c.intermediateSize});
+    if (w.kind == LayerKind::LinearAttention) {
+      const GatedDeltaConfig &g = *c.gatedDelta;
+      const int64_t keyWidth = g.numKeyHeads * g.keyHeadDim;
+      const int64_t valueWidth = g.numValueHeads * g.valueHeadDim;
+      const std::string p = layer + "linear_attn.";
+      GatedDeltaWeights &d = w.gatedDelta;
+      d.inProjQkv = read(p + "in_proj_qkv.weight", {2 * keyWidth + valueWidth, hidden});
+      d.inProjZ = read(p + "in_proj_z.weight", {valueWidth, hidden});
+      d.inProjB = read(p + "in_proj_b.weight", {g.numValueHeads, hidden});
+      d.inProjA = read(p + "in_proj_a.weight", {g.numValueHeads, hidden});
+      d.conv = read(p + "conv1d.weight", {2 * keyWidth + valueWidth, 1, g.convKernelDim});
+      d.dtBias = read(p + "dt_bias", {g.numValueHeads});
+      d.aLog = read(p + "A_log", {g.numValueHeads});
+      d.norm = read(p + "norm.weight", {g.valueHeadDim});
+      d.outProj = read(p + "out_proj.weight", {hidden, valueWidth});
+    } else {
+      const std::string p = layer + "self_attn.";
+      AttentionWeights &a = w.attention;
+      // With the output gate, q_proj yields [query | gate] per head.
+      a.q = read(p + "q_proj.weight", {qWidth * (c.attentionOutputGate ? 2 : 1), hidden});
+      a.k = read(p + "k_proj.weight", {kvWidth, hidden});
+      a.v = read(p + "v_proj.weight", {kvWidth, hidden});
+      a.o = read(p + "o_proj.weight", {hidden, qWidth});
+      if (c.attentionBias) {
+        a.qBias = read(p + "q_proj.bias", {a.q.size(0)});
+        a.kBias = read(p + "k_proj.bias", {kvWidth});
+        a.vBias = read(p + "v_proj.bias", {kvWidth});
+        a.oBias = read(p + "o_proj.bias", {hidden});
+      }
+      a.qNorm = read(p + "q_norm.weight", {headDim});
+      a.kNorm = read(p + "k_norm.weight", {headDim});
+    }
+    model.layers_.push_back(std::move(w));
+  }
+  return model;
+}
+
+Tensor TargetModel::norm(const Tensor &x, const Tensor &weight) const {
+  return zeroCenteredNorms_ ? zeroCenteredRmsNorm(x, weight, config_.rmsNormEps)
+                            : rmsNorm(x, weight, config_.rmsNormEps);
+}
+
+Tensor TargetModel::attentionLayer(const LayerWeights &layer, const Tensor &x,
+                                   const std::pair<Tensor, Tensor> &rope,
+                                   const TokenLayout &layout) const {
+  const AttentionWeights &w = layer.attention;
+  const int64_t batch = x.size(0), length = x.size(1), headDim = config_.headDim;
+  Tensor projected = at::linear(x, w.q, w.qBias).view({batch, length, config_.numAttentionHeads, -1});
+  Tensor query = projected, gate;
+  if (config_.attentionOutputGate) {
+    query = projected.narrow(-1, 0, headDim);
+    gate = projected.narrow(-1, headDim, headDim).reshape({batch, length, -1});
+  }
+  query = norm(query, w.qNorm);
+  Tensor key = norm(at::linear(x, w.k, w.kBias).view({batch, length, -1, headDim}), w.kNorm);
+  const Tensor value = at::linear(x, w.v, w.vBias).view({batch, length, -1, headDim});
+  query = applyRotary(query, rope.first, rope.second);
+  key = applyRotary(key, rope.first, rope.second);
+  std::optional<int64_t> window;
+  if (layer.kind == LayerKind::SlidingAttention)
+    window = config_.slidingWindow;
+  const double scale = 1.0 / std::sqrt(double(headDim));
+  const SelfAttentionCall call{query, key, value, layout, window, scale};
+  Tensor out = options_.attention ? options_.attention(call)
+                                  : causalAttention(query, key, value, layout, window, scale);
+  out = out.reshape({batch, length, -1});
+  if (gate.defined())
+    out = out * torch::sigmoid(gate);
+  return at::linear(out, w.o, w.oBias);
+}
+
+Tensor TargetModel::gatedDeltaLayer(const GatedDeltaWeights &w, const Tensor &x,
+                                    const TokenLayout &layout) const {
+  const GatedDeltaConfig &g = *config_.gatedDelta;
+  const int64_t batch = x.size(0), length = x.size(1);
+  const int64_t keyWidth = g.numKeyHeads * g.keyHeadDim;
+  const Tensor mixed = torch::silu(causalDepthwiseConv(at::linear(x, w.inProjQkv), w.conv, layout));
+  const Tensor q = mixed.narrow(-1, 0, keyWidth).view({batch, length, -1, g.keyHeadDim});
+  const Tensor k = mixed.narrow(-1, keyWidth, keyWidth).view({batch, length, -1, g.keyHeadDim});
+  const Tensor v = mixed.narrow(-1, 2 * keyWidth, g.numValueHeads * g.valueHeadDim)
+                       .view({batch, length, -1, g.valueHeadDim});
+  const Tensor beta = torch::sigmoid(at::linear(x, w.inProjB));
+  // g = -exp(A_log) softplus(a + dt_bias), in float32 (A may be large).
+  const Tensor a = at::linear(x, w.inProjA).to(torch::kFloat);
+  const Tensor decay = -w.aLog.to(torch::kFloat).exp() * torch::softplus(a + w.dtBias);
+  const GatedDeltaCall call{q, k, v, decay, beta, layout};
+  const Tensor core = options_.gatedDelta ? options_.gatedDelta(call)
+                                          : gatedDeltaRule(q, k, v, decay, beta, layout);
+  const Tensor z = at::linear(x, w.inProjZ).view({batch, length, -1, g.valueHeadDim});
+  const Tensor normed = gatedRmsNorm(core, z, w.norm, config_.rmsNormEps);
+  return at::linear(normed.reshape({batch, length, -1}), w.outProj);
+}
+
+TargetOutputs TargetModel::forward(const TargetInputs &inputs) const {
+  // No grad, but not inference mode: the captured hidden states feed the
+  // drafter's autograd graph.
+  torch::NoGradGuard noGrad;
+  const Tensor &ids = inputs.inputIds;
+  if (!ids.defined() || ids.dim() != 2 || ids.is_floating_point())
+    throw FormatError("target forward: input_ids must be an integer tensor [B, T]");
+  const int64_t batch = ids.size(0), length = ids.size(1), layers = config_.numHiddenLayers;
+  for (int64_t layer : inputs.captureLayers)
+    if (layer < 0 || layer >= layers)
+      throw FormatError("target forward: capture layer " + std::to_string(layer) +
+                        " is outside [0, " + std::to_string(layers) + ")");
+  const torch::Device device = options_.device;
+  const Tensor tokens = ids.to(device, torch::kLong);
+  const TokenLayout layout = inputs.cuSeqlens.defined()
+                                 ? TokenLayout::packed(inputs.cuSeqlens, batch, length, device)
+                                 : TokenLayout::rows(batch, length, device);
+  Tensor positions = inputs.positionIds.defined() ? inputs.positionIds.to(device, torch::kLong)
+                                                  : layout.offsets();
+  if (positions.sizes() != ids.sizes())
+    throw FormatError("target forward: position_ids " + c10::str(positions.sizes()) +
+                      " must match input_ids " + c10::str(ids.sizes()));
+  const std::pair<Tensor, Tensor> rope = rotary_.table(positions, options_.dtype);
+
+  int64_t lastLayer = inputs.computeLogits ? layers - 1 : -1;
+  for (int64_t layer : inputs.captureLayers)
+    lastLayer = std::max(lastLayer, layer);
+  TargetOutputs outputs;
+  outputs.hiddenStates.resize(inputs.captureLayers.size());
+  Tensor x = torch::embedding(embedTokens_, tokens);
+  for (int64_t i = 0; i <= lastLayer; ++i) {
+    const LayerWeights &layer = layers_[i];
+    const Tensor normed = norm(x, layer.inputNorm);
+    x = x + (layer.kind == LayerKind::LinearAttention
+                 ? gatedDeltaLayer(layer.gatedDelta, normed, layout)
+                 : attentionLayer(layer, normed, rope, layout));
+    x = x + swiGlu(norm(x, layer.postAttentionNorm), layer.mlpGate, layer.mlpUp, layer.mlpDown);
+    for (size_t c = 0; c < inputs.captureLayers.size(); ++c)
+      if (inputs.captureLayers[c] == i)
+        outputs.hiddenStates[c] = x;
+  }
+  if (inputs.computeLogits) {
+    outputs.finalHidden = norm(x, finalNorm_);
+    outputs.logits = at::linear(outputs.finalHidden, lmHead_);
+  }
+  return outputs;
+}
+
+} // namespace dflex::runtime::models
