@@ -22,7 +22,7 @@
 #include "dflex/Compile/PtxConstants.h"
 #include "dflex/Expr/ProgramJson.h"
 #include "dflex/Interpreter/Lowering.h"
-#include "dflex/Parse/InputLimits.h"
+#include "dflex/Support/InputLimits.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
