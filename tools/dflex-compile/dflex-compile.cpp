@@ -20,8 +20,8 @@
 #include "dflex/Compile/CachedCompile.h"
 #include "dflex/Compile/GpuArch.h"
 #include "dflex/Compile/PtxConstants.h"
+#include "dflex/Conversion/DFlexToProgram/DFlexToProgram.h"
 #include "dflex/Expr/ProgramJson.h"
-#include "dflex/Interpreter/Lowering.h"
 #include "dflex/Support/InputLimits.h"
 
 #include "mlir/IR/BuiltinOps.h"

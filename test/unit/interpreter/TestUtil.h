@@ -5,7 +5,7 @@
 
 #include "DFlex/IR/DFlexDialect.h"
 #include "DFlex/IR/DFlexOps.h"
-#include "dflex/Interpreter/Lowering.h"
+#include "dflex/Conversion/DFlexToProgram/DFlexToProgram.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"

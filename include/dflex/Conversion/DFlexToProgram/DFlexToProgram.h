@@ -1,7 +1,7 @@
-//===- Lowering.h - mask and score_mod bodies to portable programs -*- C++ -*-===//
+//===- DFlexToProgram.h - mask and score_mod bodies to programs -*- C++ -*-===//
 
-#ifndef DFLEX_INTERPRETER_LOWERING_H
-#define DFLEX_INTERPRETER_LOWERING_H
+#ifndef DFLEX_CONVERSION_DFLEXTOPROGRAM_DFLEXTOPROGRAM_H
+#define DFLEX_CONVERSION_DFLEXTOPROGRAM_DFLEXTOPROGRAM_H
 
 #include "DFlex/IR/DFlexOps.h"
 #include "dflex/Expr/Program.h"
@@ -18,4 +18,4 @@ FailureOr<::dflex::expr::Program> lowerToProgram(BodyOpInterface op);
 
 } // namespace mlir::dflex
 
-#endif // DFLEX_INTERPRETER_LOWERING_H
+#endif // DFLEX_CONVERSION_DFLEXTOPROGRAM_DFLEXTOPROGRAM_H

@@ -1,6 +1,6 @@
-//===- Lowering.cpp - mask and score_mod bodies to portable programs ------===//
+//===- DFlexToProgram.cpp - mask and score_mod bodies to programs --------===//
 
-#include "dflex/Interpreter/Lowering.h"
+#include "dflex/Conversion/DFlexToProgram/DFlexToProgram.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/TypeSwitch.h"
