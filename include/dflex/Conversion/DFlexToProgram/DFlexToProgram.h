@@ -8,9 +8,11 @@
 
 namespace mlir::dflex {
 
-/// Translates a verified mask or score_mod (calls inlined on the way) into a
-/// portable program. Emits a diagnostic and fails on anything the program
-/// form cannot express; a verified body always translates.
+/// Translates a verified mask or score_mod into a portable program, its calls
+/// inlined (by inlineCalls, on a copy of the body: `op` and its module are
+/// left as they are). Emits a diagnostic and fails on anything the program
+/// form cannot express; a verified body always translates unless its calls
+/// inline to more than kMaxInlinedOperations operations.
 FailureOr<::dflex::expr::Program> lowerToProgram(BodyOpInterface op);
 
 /// The portable type of a verified body type.
