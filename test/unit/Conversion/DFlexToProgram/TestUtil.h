@@ -1,7 +1,7 @@
-//===- TestUtil.h - helpers for interpreter tests ---------------*- C++ -*-===//
+//===- TestUtil.h - parsed modules and their bodies' programs --*- C++ -*-===//
 
-#ifndef DFLEX_TEST_INTERPRETER_TESTUTIL_H
-#define DFLEX_TEST_INTERPRETER_TESTUTIL_H
+#ifndef DFLEX_TEST_CONVERSION_DFLEXTOPROGRAM_TESTUTIL_H
+#define DFLEX_TEST_CONVERSION_DFLEXTOPROGRAM_TESTUTIL_H
 
 #include "DFlex/IR/DFlexDialect.h"
 #include "DFlex/IR/DFlexOps.h"
@@ -58,4 +58,4 @@ struct LoadedModule {
 
 } // namespace dflex::test
 
-#endif // DFLEX_TEST_INTERPRETER_TESTUTIL_H
+#endif // DFLEX_TEST_CONVERSION_DFLEXTOPROGRAM_TESTUTIL_H
