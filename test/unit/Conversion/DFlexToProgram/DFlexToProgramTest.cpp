@@ -12,23 +12,6 @@ using namespace dflex;
 
 namespace {
 
-constexpr const char *kCalls = R"(
-  dflex.mask @window(%b: index, %h: index, %q: index, %kv: index) captures(%w: index) {
-    %d = arith.subi %q, %kv : index
-    %r = arith.cmpi ult, %d, %w : index
-    dflex.yield %r : i1
-  }
-  dflex.mask @both(%b: index, %h: index, %q: index, %kv: index) captures(%w: index) {
-    %c = arith.cmpi uge, %q, %kv : index
-    %n = dflex.call @window(%b, %h, %q, %kv, %w) : (index, index, index, index, index) -> i1
-    %r = arith.andi %c, %n : i1
-    dflex.yield %r : i1
-  }
-  dflex.mask @nested(%b: index, %h: index, %q: index, %kv: index) captures(%w: index) {
-    %r = dflex.call @both(%b, %h, %q, %kv, %w) : (index, index, index, index, index) -> i1
-    dflex.yield %r : i1
-  })";
-
 mlir::dflex::BodyOpInterface body(test::LoadedModule &loaded, llvm::StringRef name) {
   return mlir::SymbolTable::lookupNearestSymbolFrom<mlir::dflex::BodyOpInterface>(
       *loaded.module, mlir::StringAttr::get(loaded.context.get(), name));
@@ -42,7 +25,7 @@ std::string printed(mlir::Operation *op) {
 }
 
 TEST(DFlexToProgram, LeavesTheModuleAsItWas) {
-  auto loaded = test::LoadedModule::fromString(kCalls);
+  auto loaded = test::LoadedModule::fromString(test::kCallingMasks);
   ASSERT_TRUE(loaded.module);
   std::string before = printed(*loaded.module);
   expr::Program program = loaded.program("nested");
@@ -54,9 +37,9 @@ TEST(DFlexToProgram, LeavesTheModuleAsItWas) {
 // calls and converting it once the pass's function has inlined them in
 // place give the same program.
 TEST(DFlexToProgram, InlinesAsThePassDoes) {
-  auto loaded = test::LoadedModule::fromString(kCalls);
+  auto loaded = test::LoadedModule::fromString(test::kCallingMasks);
   ASSERT_TRUE(loaded.module);
-  for (const char *name : {"both", "nested"}) {
+  for (const char *name : {"outer", "nested"}) {
     std::string withCalls = writeJson(expr::toJson(loaded.program(name)));
     ASSERT_TRUE(mlir::succeeded(mlir::dflex::inlineCalls(body(loaded, name))));
     EXPECT_EQ(printed(body(loaded, name)).find("dflex.call"), std::string::npos) << name;

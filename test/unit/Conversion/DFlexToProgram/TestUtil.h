@@ -15,6 +15,25 @@
 
 namespace dflex::test {
 
+/// Masks that call masks: @outer (q >= kv and q - kv < w) calls @inner,
+/// @nested calls @outer.
+inline constexpr const char *kCallingMasks = R"(
+  dflex.mask @inner(%b: index, %h: index, %q: index, %kv: index) captures(%w: index) {
+    %d = arith.subi %q, %kv : index
+    %r = arith.cmpi ult, %d, %w : index
+    dflex.yield %r : i1
+  }
+  dflex.mask @outer(%b: index, %h: index, %q: index, %kv: index) captures(%w: index) {
+    %c = arith.cmpi uge, %q, %kv : index
+    %n = dflex.call @inner(%b, %h, %q, %kv, %w) : (index, index, index, index, index) -> i1
+    %r = arith.andi %c, %n : i1
+    dflex.yield %r : i1
+  }
+  dflex.mask @nested(%b: index, %h: index, %q: index, %kv: index) captures(%w: index) {
+    %r = dflex.call @outer(%b, %h, %q, %kv, %w) : (index, index, index, index, index) -> i1
+    dflex.yield %r : i1
+  })";
+
 /// A parsed module and the programs of its bodies.
 struct LoadedModule {
   std::unique_ptr<mlir::MLIRContext> context;
