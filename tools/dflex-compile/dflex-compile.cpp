@@ -20,9 +20,9 @@
 #include "dflex/Compile/CachedCompile.h"
 #include "dflex/Compile/GpuArch.h"
 #include "dflex/Compile/PtxConstants.h"
+#include "dflex/Conversion/DFlexToProgram/DFlexToProgram.h"
 #include "dflex/Expr/ProgramJson.h"
-#include "dflex/Interpreter/Lowering.h"
-#include "dflex/Parse/InputLimits.h"
+#include "dflex/Support/InputLimits.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
@@ -45,19 +45,29 @@ namespace expr = ::dflex::expr;
 
 namespace {
 
+// The tool's own options: --help lists these, not the LLVM back ends' that
+// linking LLVM registers.
+llvm::cl::OptionCategory compileOptions("dflex-compile options");
+
 llvm::cl::opt<std::string> inputFilename(llvm::cl::Positional, llvm::cl::Required,
-                                         llvm::cl::desc("<input .mlir>"));
+                                         llvm::cl::desc("<input .mlir>"),
+                                         llvm::cl::cat(compileOptions));
 llvm::cl::list<std::string> archs(
     "arch", llvm::cl::desc("target architecture, repeatable (sm_90a, sm_120, sm_90, "
-                           "compute_90, ...); default: sm_90a and sm_120"));
+                           "compute_90, ...); default: sm_90a and sm_120"),
+    llvm::cl::cat(compileOptions));
 llvm::cl::opt<std::string> outputDir("o", llvm::cl::desc("bundle directory to write"),
-                                     llvm::cl::value_desc("dir"));
+                                     llvm::cl::value_desc("dir"),
+                                     llvm::cl::cat(compileOptions));
 llvm::cl::opt<bool> emitCuda("emit-cuda",
-                             llvm::cl::desc("print the generated CUDA source and stop"));
+                             llvm::cl::desc("print the generated CUDA source and stop"),
+                             llvm::cl::cat(compileOptions));
 llvm::cl::opt<std::string> cacheDir(
     "cache-dir", llvm::cl::desc("kernel cache directory (default: $DFLEX_CACHE_DIR, "
-                                "else ~/.cache/dflex)"));
-llvm::cl::opt<bool> quiet("quiet", llvm::cl::desc("no summary line"));
+                                "else ~/.cache/dflex)"),
+    llvm::cl::cat(compileOptions));
+llvm::cl::opt<bool> quiet("quiet", llvm::cl::desc("no summary line"),
+                          llvm::cl::cat(compileOptions));
 
 int fail(const llvm::Twine &message) {
   llvm::errs() << "dflex-compile: error: " << message << "\n";
@@ -267,6 +277,7 @@ compile::CompileRequest archRequest(const codegen::GeneratedModule &generated,
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
+  llvm::cl::HideUnrelatedOptions(compileOptions);
   llvm::cl::ParseCommandLineOptions(argc, argv, "dflex ahead-of-time kernel compiler\n");
   auto start = std::chrono::steady_clock::now();
 

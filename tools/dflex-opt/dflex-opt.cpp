@@ -2,7 +2,7 @@
 
 #include "DFlex/IR/DFlexDialect.h"
 #include "DFlex/Transforms/Passes.h"
-#include "dflex/Parse/InputLimits.h"
+#include "dflex/Support/InputLimits.h"
 
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/InitAllPasses.h"

@@ -9,7 +9,7 @@
 
 #include "DFlex/Transforms/Passes.h"
 #include "dflex/Analysis/IntervalEvaluator.h"
-#include "dflex/Interpreter/Lowering.h"
+#include "dflex/Conversion/DFlexToProgram/DFlexToProgram.h"
 
 #include "mlir/IR/Builders.h"
 

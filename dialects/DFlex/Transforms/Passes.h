@@ -12,10 +12,6 @@ namespace mlir::dflex {
 #define GEN_PASS_DECL
 #include "DFlex/Transforms/Passes.h.inc"
 
-/// Inlines every dflex.call inside `op` (a mask or score_mod), transitively.
-/// Fails, with a diagnostic, on a callee that cannot be resolved.
-LogicalResult inlineCalls(BodyOpInterface op);
-
 #define GEN_PASS_REGISTRATION
 #include "DFlex/Transforms/Passes.h.inc"
 

@@ -4,10 +4,8 @@
 // (there with ptxas's report, failing on spills or serialised wgmma), and
 // reports the cubin sizes. Needs no GPU.
 //   nvrtc_check <repo>/kernels
-#include <nvrtc.h>
+#include "../common/nvrtc_check.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -36,69 +34,11 @@ struct GeneratedVariant {
 };
 )";
 
-bool check(nvrtcResult result, const char* what) {
-  if (result == NVRTC_SUCCESS) return true;
-  std::fprintf(stderr, "%s: %s\n", what, nvrtcGetErrorString(result));
-  return false;
-}
-
-// Compiles `names` (kernel name expressions) from the header `include` plus
-// the variant for `arch`. With `report`, ptxas's resource report is printed
-// and a spill or a serialised wgmma pipeline fails the compile.
+// `names` from the header `include` plus the variant for `arch`.
 bool compile(const std::string& kernels_dir, const char* arch, const std::string& label, const char* include,
              const std::vector<std::string>& names, bool report) {
   const std::string source = std::string("#include \"") + include + "\"\n" + kVariantSource;
-  nvrtcProgram program;
-  if (!check(nvrtcCreateProgram(&program, source.c_str(), "generated.cu", 0, nullptr, nullptr),
-             "nvrtcCreateProgram")) {
-    return false;
-  }
-  for (const auto& name : names) {
-    if (!check(nvrtcAddNameExpression(program, name.c_str()), "nvrtcAddNameExpression")) return false;
-  }
-  const std::string include_path = "--include-path=" + kernels_dir;
-  const std::string arch_option = std::string("--gpu-architecture=") + arch;
-  const char* cuda_home = std::getenv("CUDA_HOME");
-  const std::string cuda_include = std::string("--include-path=") + (cuda_home ? cuda_home : "/usr/local/cuda") + "/include";
-  std::vector<const char*> options = {include_path.c_str(), cuda_include.c_str(), arch_option.c_str(), "--std=c++17"};
-  if (report) options.push_back("--ptxas-options=-v");
-  const nvrtcResult compiled = nvrtcCompileProgram(program, static_cast<int>(options.size()), options.data());
-  size_t log_size = 0;
-  nvrtcGetProgramLogSize(program, &log_size);
-  std::string log;
-  if (log_size > 1) {
-    log.assign(log_size, '\0');
-    nvrtcGetProgramLog(program, &log[0]);
-  }
-  bool ok = check(compiled, "nvrtcCompileProgram");
-  if (report) {
-    std::printf("%s", log.c_str());
-    // ptxas: "N bytes spill stores" with N > 0, or C7510-C7519 (wgmma serialised / fences injected).
-    for (size_t at = log.find("bytes spill stores"); at != std::string::npos; at = log.find("bytes spill stores", at + 1)) {
-      const size_t start = log.rfind(',', at);
-      if (start != std::string::npos && std::atoi(log.c_str() + start + 1) != 0) {
-        std::fprintf(stderr, "%s %s: register spills\n", arch, label.c_str());
-        ok = false;
-      }
-    }
-    if (log.find("(C751") != std::string::npos) {
-      std::fprintf(stderr, "%s %s: ptxas serialised or fenced wgmma (see C751x above)\n", arch, label.c_str());
-      ok = false;
-    }
-  } else if (!log.empty()) {
-    std::fprintf(stderr, "%s", log.c_str());
-  }
-  size_t cubin_size = 0;
-  if (ok) ok = check(nvrtcGetCUBINSize(program, &cubin_size), "nvrtcGetCUBINSize") && cubin_size > 0;
-  if (ok) {
-    std::printf("%s %s: cubin %zu bytes\n", arch, label.c_str(), cubin_size);
-    for (const auto& name : names) {
-      const char* lowered = nullptr;
-      if (!check(nvrtcGetLoweredName(program, name.c_str(), &lowered), "nvrtcGetLoweredName")) ok = false;
-    }
-  }
-  nvrtcDestroyProgram(&program);
-  return ok;
+  return nvrtc_check::compile(kernels_dir, arch, label, source, names, report);
 }
 
 // The portable kernels with the default configs of `arch` (sm_90 or sm_120).
@@ -131,16 +71,13 @@ bool compile_sm90(const std::string& kernels_dir, int head_dim, bool with_backwa
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s <repo>/kernels\n", argv[0]);
-    return 2;
-  }
-  bool ok = true;
-  for (const char* arch : {"sm_90", "sm_120"}) {
-    for (int head_dim : {64, 128, 256}) ok = compile_portable(argv[1], arch, head_dim) && ok;
-  }
-  ok = compile_sm90(argv[1], 64, false) && ok;
-  ok = compile_sm90(argv[1], 128, true) && ok;
-  std::printf(ok ? "NVRTC: all configs compiled\n" : "NVRTC: FAILED\n");
-  return ok ? 0 : 1;
+  return nvrtc_check::run(argc, argv, [](const std::string& kernels_dir) {
+    bool ok = true;
+    for (const char* arch : {"sm_90", "sm_120"}) {
+      for (int head_dim : {64, 128, 256}) ok = compile_portable(kernels_dir, arch, head_dim) && ok;
+    }
+    ok = compile_sm90(kernels_dir, 64, false) && ok;
+    ok = compile_sm90(kernels_dir, 128, true) && ok;
+    return ok;
+  });
 }

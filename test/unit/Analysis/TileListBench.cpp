@@ -12,7 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "../interpreter/TestUtil.h"
+#include "../Conversion/DFlexToProgram/TestUtil.h"
 #include "dflex/Analysis/TileList.h"
 
 #include <algorithm>

@@ -1,11 +1,11 @@
-//===- TestUtil.h - helpers for interpreter tests ---------------*- C++ -*-===//
+//===- TestUtil.h - parsed modules and their bodies' programs --*- C++ -*-===//
 
-#ifndef DFLEX_TEST_INTERPRETER_TESTUTIL_H
-#define DFLEX_TEST_INTERPRETER_TESTUTIL_H
+#ifndef DFLEX_TEST_CONVERSION_DFLEXTOPROGRAM_TESTUTIL_H
+#define DFLEX_TEST_CONVERSION_DFLEXTOPROGRAM_TESTUTIL_H
 
 #include "DFlex/IR/DFlexDialect.h"
 #include "DFlex/IR/DFlexOps.h"
-#include "dflex/Interpreter/Lowering.h"
+#include "dflex/Conversion/DFlexToProgram/DFlexToProgram.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
@@ -14,6 +14,25 @@
 #include <gtest/gtest.h>
 
 namespace dflex::test {
+
+/// Masks that call masks: @outer (q >= kv and q - kv < w) calls @inner,
+/// @nested calls @outer.
+inline constexpr const char *kCallingMasks = R"(
+  dflex.mask @inner(%b: index, %h: index, %q: index, %kv: index) captures(%w: index) {
+    %d = arith.subi %q, %kv : index
+    %r = arith.cmpi ult, %d, %w : index
+    dflex.yield %r : i1
+  }
+  dflex.mask @outer(%b: index, %h: index, %q: index, %kv: index) captures(%w: index) {
+    %c = arith.cmpi uge, %q, %kv : index
+    %n = dflex.call @inner(%b, %h, %q, %kv, %w) : (index, index, index, index, index) -> i1
+    %r = arith.andi %c, %n : i1
+    dflex.yield %r : i1
+  }
+  dflex.mask @nested(%b: index, %h: index, %q: index, %kv: index) captures(%w: index) {
+    %r = dflex.call @outer(%b, %h, %q, %kv, %w) : (index, index, index, index, index) -> i1
+    dflex.yield %r : i1
+  })";
 
 /// A parsed module and the programs of its bodies.
 struct LoadedModule {
@@ -58,4 +77,4 @@ struct LoadedModule {
 
 } // namespace dflex::test
 
-#endif // DFLEX_TEST_INTERPRETER_TESTUTIL_H
+#endif // DFLEX_TEST_CONVERSION_DFLEXTOPROGRAM_TESTUTIL_H

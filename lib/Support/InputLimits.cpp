@@ -1,6 +1,6 @@
 //===- InputLimits.cpp - reject inputs the parser cannot take safely ------===//
 
-#include "dflex/Parse/InputLimits.h"
+#include "dflex/Support/InputLimits.h"
 
 #include <cctype>
 

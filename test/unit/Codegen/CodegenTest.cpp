@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "../interpreter/TestUtil.h"
+#include "../Conversion/DFlexToProgram/TestUtil.h"
 #include "dflex/Codegen/Derivative.h"
 #include "dflex/Codegen/Variant.h"
 

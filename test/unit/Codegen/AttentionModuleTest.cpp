@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "../interpreter/TestUtil.h"
+#include "../Conversion/DFlexToProgram/TestUtil.h"
 #include "dflex/Codegen/Attention.h"
 #include "dflex/Codegen/KernelSources.h"
 #include "dflex/Compile/Nvrtc.h"

@@ -1,7 +1,9 @@
-//===- Lowering.cpp - mask and score_mod bodies to portable programs ------===//
+//===- DFlexToProgram.cpp - mask and score_mod bodies to programs --------===//
 
-#include "dflex/Interpreter/Lowering.h"
+#include "dflex/Conversion/DFlexToProgram/DFlexToProgram.h"
+#include "DFlex/Transforms/Inliner.h"
 
+#include "mlir/IR/OwningOpRef.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -30,7 +32,7 @@ expr::ScalarType mlir::dflex::toScalarType(Type type) {
 
 namespace {
 
-/// Lowers one body, and the bodies it calls, into one program.
+/// Lowers one call-free body into one program.
 class ProgramBuilder {
 public:
   explicit ProgramBuilder(expr::Program &program) : program(program) {}
@@ -48,19 +50,8 @@ public:
         tensors[argument] = tensorArgs[i];
     }
     for (Operation &op : block) {
-      // Calls may nest: a few lines can expand to an exponential program.
-      if (program.instructions.size() > kMaxInlinedOperations)
-        return op.emitOpError("makes the body larger than ")
-               << kMaxInlinedOperations << " operations once calls are inlined";
       if (auto yield = dyn_cast<YieldOp>(op))
         return scalars.lookup(yield.getValue());
-      if (auto call = dyn_cast<CallOp>(op)) {
-        FailureOr<int32_t> result = lowerCall(call, scalars, tensors);
-        if (failed(result))
-          return failure();
-        scalars[call.getResult()] = *result;
-        continue;
-      }
       FailureOr<int32_t> result = lowerOp(op, scalars, tensors);
       if (failed(result))
         return failure();
@@ -77,26 +68,6 @@ private:
                           .str();
     program.instructions.push_back(std::move(inst));
     return static_cast<int32_t>(program.instructions.size() - 1);
-  }
-
-  FailureOr<int32_t> lowerCall(CallOp call,
-                               const llvm::DenseMap<Value, int32_t> &scalars,
-                               const llvm::DenseMap<Value, int32_t> &tensors) {
-    auto callee = SymbolTable::lookupNearestSymbolFrom<BodyOpInterface>(
-        call, call.getCalleeAttr());
-    if (!callee)
-      return call.emitOpError("callee '@") << call.getCallee() << "' not found";
-    SmallVector<int32_t> scalarArgs, tensorArgs;
-    for (Value operand : call.getOperands()) {
-      scalarArgs.push_back(lookupOr(scalars, operand));
-      tensorArgs.push_back(lookupOr(tensors, operand));
-    }
-    return lowerBlock(callee.getBodyBlock(), scalarArgs, tensorArgs);
-  }
-
-  static int32_t lookupOr(const llvm::DenseMap<Value, int32_t> &map, Value v) {
-    auto it = map.find(v);
-    return it == map.end() ? -1 : it->second;
   }
 
   FailureOr<int32_t> lowerOp(Operation &op,
@@ -238,11 +209,18 @@ private:
 } // namespace
 
 FailureOr<expr::Program> mlir::dflex::lowerToProgram(BodyOpInterface op) {
+  // Calls are inlined into a copy of the body, its callees looked up from
+  // the original: the module is left as it was.
+  OwningOpRef<Operation *> copy = op->clone();
+  auto inlined = cast<BodyOpInterface>(*copy);
+  if (failed(inlineCalls(inlined, op)))
+    return failure();
+
   expr::Program program;
   program.name = SymbolTable::getSymbolName(op).str();
   program.isScoreMod = op.hasScoreArgument();
 
-  Block &block = op.getBodyBlock();
+  Block &block = inlined.getBodyBlock();
   SmallVector<int32_t> scalarArgs(block.getNumArguments(), -1);
   SmallVector<int32_t> tensorArgs(block.getNumArguments(), -1);
   for (unsigned i = 0; i < op.getNumLeadingArguments(); ++i) {

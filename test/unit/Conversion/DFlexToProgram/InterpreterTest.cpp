@@ -167,18 +167,7 @@ TEST(Semantics, OutOfRangeReadsYieldPadding) {
 }
 
 TEST(Semantics, CallsAreInlined) {
-  auto loaded = test::LoadedModule::fromString(R"(
-    dflex.mask @inner(%b: index, %h: index, %q: index, %kv: index) captures(%w: index) {
-      %d = arith.subi %q, %kv : index
-      %r = arith.cmpi ult, %d, %w : index
-      dflex.yield %r : i1
-    }
-    dflex.mask @outer(%b: index, %h: index, %q: index, %kv: index) captures(%w: index) {
-      %c = arith.cmpi uge, %q, %kv : index
-      %n = dflex.call @inner(%b, %h, %q, %kv, %w) : (index, index, index, index, index) -> i1
-      %r = arith.andi %c, %n : i1
-      dflex.yield %r : i1
-    })");
+  auto loaded = test::LoadedModule::fromString(test::kCallingMasks);
   expr::Program program = loaded.program("outer");
   std::vector<Value> scratch;
   std::vector<CaptureValue> captures{CaptureValue::ofScalar(Value::ofInt(3))};

@@ -11,7 +11,7 @@
 #include "DFlex/IR/DFlexOps.h"
 #include "dflex/Codegen/Derivative.h"
 #include "dflex/Codegen/Variant.h"
-#include "dflex/Interpreter/Lowering.h"
+#include "dflex/Conversion/DFlexToProgram/DFlexToProgram.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Parser/Parser.h"

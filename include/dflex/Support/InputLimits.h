@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef DFLEX_PARSE_INPUTLIMITS_H
-#define DFLEX_PARSE_INPUTLIMITS_H
+#ifndef DFLEX_SUPPORT_INPUTLIMITS_H
+#define DFLEX_SUPPORT_INPUTLIMITS_H
 
 #include <optional>
 #include <string>
@@ -34,4 +34,4 @@ std::optional<InputProblem> checkInputLimits(std::string_view text,
 
 } // namespace dflex
 
-#endif // DFLEX_PARSE_INPUTLIMITS_H
+#endif // DFLEX_SUPPORT_INPUTLIMITS_H
