@@ -18,7 +18,7 @@ constexpr const char *kWindow = "window";
 
 /// What the hook knows of one of its specs.
 struct HookSpec {
-  std::string name;
+  const AttentionKernelSpec *spec; // owned by the hook's bundle
   std::string where; // "target attention (bundle ..., spec '...')"
   bool documents = false; // captures document_ids
 };
@@ -93,9 +93,9 @@ void checkMaskPattern(const AttentionKernelSpec &spec, const HookSpec &hook, boo
 
 HookSpec describeSpec(const KernelBundle &bundle, const std::string &name, bool sliding) {
   HookSpec hook;
-  hook.name = name;
+  hook.spec = &bundle.attention(name);
   hook.where = "target attention (bundle " + bundle.directory() + ", spec '" + name + "')";
-  const AttentionKernelSpec &spec = bundle.attention(name);
+  const AttentionKernelSpec &spec = *hook.spec;
   if (spec.scoreMod)
     throw FormatError(hook.where + ": the spec has a score_mod ('" + spec.scoreMod->name +
                       "'); the model's attention scores are the plain scaled dot products");
@@ -127,7 +127,7 @@ SelfAttentionFn attentionHook(const std::shared_ptr<const KernelBundle> &bundle,
                         "): a sliding-window layer (window " + std::to_string(*call.window) +
                         ") needs a spec for sliding-window layers; the hook has none");
     const HookSpec &hook = call.window ? *sliding : full;
-    const AttentionKernelSpec &spec = bundle->attention(hook.name);
+    const AttentionKernelSpec &spec = *hook.spec;
     const torch::Tensor &q = call.q, &k = call.k, &v = call.v;
     if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || q.size(2) != spec.numQHeads ||
         k.size(2) != spec.numKvHeads || q.size(3) != spec.qkHeadDim ||

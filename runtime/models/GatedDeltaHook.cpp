@@ -28,8 +28,8 @@ torch::Tensor layoutOffsets(const TokenLayout &layout, const std::string &contex
 GatedDeltaFn gatedDeltaHook(const std::shared_ptr<const GatedDeltaBundle> &bundle,
                             const std::string &specName) {
   const GatedDeltaKernelSpec &spec = bundle->spec(specName);
-  const std::string context =
-      "dflex gated_delta '" + spec.name + "' as the target model's gated delta rule";
+  const std::string context = "the target model's gated delta rule (bundle " +
+                              bundle->directory() + ", spec '" + spec.name + "')";
   if (spec.gate != "scalar_log" || !spec.deltaRule || !spec.qkL2Norm || spec.inKernelGate)
     throw FormatError(context + ": needs gate scalar_log, delta_rule and qk_l2norm without in_kernel_gate");
   const double modelScale = 1.0 / std::sqrt(double(spec.keyDim));
