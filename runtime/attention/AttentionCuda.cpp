@@ -27,24 +27,40 @@ namespace dflex::runtime::detail {
 namespace {
 
 namespace kernels = ::dflex::kernels;
+using bundle::KernelRole;
 
 /// The attention kernels of one spec in the binary of one device: the
 /// portable ones and, in sm_90a binaries, the Hopper ones.
 struct LoadedAttention {
   std::unique_ptr<CudaModule> module;
-  std::map<std::string, CUfunction> functions; // role -> function
+  std::map<KernelRole, CUfunction> functions;
 
-  CUfunction function(const std::string &role) const {
+  CUfunction function(KernelRole role) const {
     auto found = functions.find(role);
     if (found == functions.end())
-      throw CudaError("dflex attention: the loaded binary has no kernel '" + role + "'");
+      throw CudaError(std::string("dflex attention: the loaded binary has no kernel '") +
+                      bundle::roleName(role) + "'");
     return found->second;
   }
 };
 
-/// The name of a pass's kernel of `role` in the family the plan picked.
-std::string familyRole(const std::string &role, const AttentionPassKernels &pass) {
-  return pass.sm90 ? role + "_sm90" : role;
+/// A pass's kernel of `role` (a portable one) in the family the plan picked.
+KernelRole familyRole(KernelRole role, const AttentionPassKernels &pass) {
+  if (!pass.sm90)
+    return role;
+  switch (role) {
+  case KernelRole::AttentionForward:
+    return KernelRole::AttentionForwardSm90;
+  case KernelRole::AttentionBackwardPreprocess:
+    return KernelRole::AttentionBackwardPreprocessSm90;
+  case KernelRole::AttentionBackward:
+    return KernelRole::AttentionBackwardSm90;
+  case KernelRole::AttentionBackwardGradQ:
+    return KernelRole::AttentionBackwardGradQSm90;
+  default:
+    throw CudaError(std::string("dflex attention: no Hopper kernel for role '") +
+                    bundle::roleName(role) + "'");
+  }
 }
 
 std::unique_ptr<LoadedAttention> loadAttention(const KernelBundle &bundle,
@@ -59,24 +75,25 @@ std::unique_ptr<LoadedAttention> loadAttention(const KernelBundle &bundle,
   // Threads and dynamic shared memory of each role, from the binary's
   // launch constants.
   struct Launch {
-    const char *role;
+    KernelRole role;
     const std::optional<AttentionLaunch> launch;
     bool rowKernel; // preprocess and dQ conversion: row_kernel_threads, no shared memory
   };
   const Launch launches[] = {
-      {"attention_forward", constants.forward, false},
-      {"attention_backward_preprocess", constants.backward, true},
-      {"attention_backward", constants.backward, false},
-      {"attention_backward_grad_q", constants.backward, true},
-      {"attention_forward_sm90", constants.forwardSm90, false},
-      {"attention_backward_preprocess_sm90", constants.backwardSm90, true},
-      {"attention_backward_sm90", constants.backwardSm90, false},
-      {"attention_backward_grad_q_sm90", constants.backwardSm90, true},
+      {KernelRole::AttentionForward, constants.forward, false},
+      {KernelRole::AttentionBackwardPreprocess, constants.backward, true},
+      {KernelRole::AttentionBackward, constants.backward, false},
+      {KernelRole::AttentionBackwardGradQ, constants.backward, true},
+      {KernelRole::AttentionForwardSm90, constants.forwardSm90, false},
+      {KernelRole::AttentionBackwardPreprocessSm90, constants.backwardSm90, true},
+      {KernelRole::AttentionBackwardSm90, constants.backwardSm90, false},
+      {KernelRole::AttentionBackwardGradQSm90, constants.backwardSm90, true},
   };
   for (const Launch &entry : launches)
     if (entry.launch && image.loweredNames.count(entry.role) && !entry.rowKernel &&
         entry.launch->sharedBytes > device.maxSharedMemoryPerBlockOptin)
-      throw CudaError("dflex attention '" + spec.name + "': kernel " + entry.role + " needs " +
+      throw CudaError("dflex attention '" + spec.name + "': kernel " +
+                      bundle::roleName(entry.role) + " needs " +
                       std::to_string(entry.launch->sharedBytes) +
                       " B of shared memory per block; " + device.name + " (" + plan.arch +
                       ") allows " + std::to_string(device.maxSharedMemoryPerBlockOptin));
@@ -96,7 +113,7 @@ std::unique_ptr<LoadedAttention> loadAttention(const KernelBundle &bundle,
                                         function),
                  "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
     if (maxThreads < threads)
-      throw CudaError(image.label + ": kernel " + entry.role + " takes at most " +
+      throw CudaError(image.label + ": kernel " + bundle::roleName(entry.role) + " takes at most " +
                       std::to_string(maxThreads) + " threads per block, its launch constants say " +
                       std::to_string(threads));
     if (sharedBytes > 0)
@@ -249,7 +266,7 @@ AttentionOutputs cudaForward(const KernelBundle &bundle, const AttentionKernelSp
   params.tiles = tileView(tiles);
   std::vector<uint8_t> variant = captures.packDevice(spec);
   void *arguments[] = {&params, variant.data()};
-  loaded.module->launch(loaded.function(familyRole("attention_forward", plan.forward)),
+  loaded.module->launch(loaded.function(familyRole(KernelRole::AttentionForward, plan.forward)),
                         {ceilDiv(p.queryLength, launch.blockM), static_cast<unsigned>(p.qHeads),
                          static_cast<unsigned>(p.batch)},
                         {static_cast<unsigned>(launch.threads), 1, 1},
@@ -323,9 +340,9 @@ AttentionGrads cudaBackward(const KernelBundle &bundle, const AttentionKernelSpe
   void *rowArguments[] = {&params};
   void *arguments[] = {&params, variant.data()};
   const CUfunction preprocess =
-      loaded.function(familyRole("attention_backward_preprocess", plan.backward));
-  const CUfunction main = loaded.function(familyRole("attention_backward", plan.backward));
-  const CUfunction gradQ = loaded.function(familyRole("attention_backward_grad_q", plan.backward));
+      loaded.function(familyRole(KernelRole::AttentionBackwardPreprocess, plan.backward));
+  const CUfunction main = loaded.function(familyRole(KernelRole::AttentionBackward, plan.backward));
+  const CUfunction gradQ = loaded.function(familyRole(KernelRole::AttentionBackwardGradQ, plan.backward));
   loaded.module->launch(preprocess, rowGrid, rowBlock, 0, stream, rowArguments);
   loaded.module->launch(main,
                         {ceilDiv(p.keyLength, launch.blockN), static_cast<unsigned>(p.kvHeads),

@@ -3,6 +3,7 @@
 #include "AttentionInternal.h"
 
 #include "dflex/Analysis/IntervalEvaluator.h"
+#include "dflex/Codegen/AttentionModule.h"
 #include "dflex/Expr/Semantics.h"
 #include "dflex/Support/Error.h"
 #include "dflex/runtime/support/SavedObject.h"
@@ -535,13 +536,13 @@ AttentionKernelPlan planAttentionKernels(const KernelBundle &bundle, const Atten
     plan.compiled = true;
     plan.arch = plain;
     for (const BundleKernel &kernel : spec.kernels)
-      if (kernel.requiredTarget == specific)
+      if (bundle::kernelRole(kernel.role).requiredTarget == specific)
         plan.arch = specific;
   }
-  const bool sm90Forward = spec.hasKernel("attention_forward_sm90", plan.arch);
-  const bool sm90Backward = spec.hasKernel("attention_backward_sm90", plan.arch);
+  const bool sm90Forward = spec.hasKernel(bundle::KernelRole::AttentionForwardSm90, plan.arch);
+  const bool sm90Backward = spec.hasKernel(bundle::KernelRole::AttentionBackwardSm90, plan.arch);
   if (choice == AttentionKernelChoice::Sm90 && !sm90Forward) {
-    const bool listed = spec.hasRole("attention_forward_sm90");
+    const bool listed = spec.hasRole(bundle::KernelRole::AttentionForwardSm90);
     std::string why;
     if (!listed && !codegen::sm90KernelsFor(spec.qkHeadDim).forward)
       why = "head_dim " + std::to_string(spec.qkHeadDim) + " has none";

@@ -20,56 +20,25 @@ const JsonValue::Array &arrayMember(const JsonObject &object, const char *key) {
   return found->second.asArray();
 }
 
-/// The kernels a spec's options need, in launch order (docs/gated-delta.md;
-/// lib/Codegen/GatedDelta.cpp emits exactly these roles).
-std::vector<std::string> requiredRoles(const codegen::GatedDeltaSpec &spec) {
-  std::vector<std::string> roles;
-  if (spec.varlen)
-    roles.push_back("gated_delta_chunk_table");
-  for (const char *role : {"forward_prepare", "forward_state", "forward_output", "backward_prepare",
-                           "backward_state", "backward_chunk"})
-    roles.push_back(std::string("gated_delta_") + role);
-  if (spec.numValueHeads > spec.numKeyHeads)
-    roles.push_back("gated_delta_backward_finalize");
-  if (spec.inKernelGate)
-    roles.push_back("gated_delta_backward_gate_params");
-  return roles;
-}
+using bundle::KernelRole;
+namespace launch = bundle::launch;
 
-void parseAttributes(const JsonObject &attributes, GatedDeltaKernelSpec &spec) {
-  spec.numKeyHeads = attributes.integer("num_key_heads");
-  spec.numValueHeads = attributes.integer("num_value_heads");
-  spec.keyDim = attributes.integer("key_dim");
-  spec.valueDim = attributes.integer("value_dim");
-  spec.gate = attributes.string("gate");
-  spec.elementType = attributes.string("element_type");
-  const double scale = attributes.number("scale");
-  spec.scale = static_cast<float>(scale);
-  auto flag = [&](const char *key) {
-    if (!attributes.hasValue(key))
-      attributes.fail(key, "missing");
-    return attributes.boolean(key, false);
-  };
-  spec.deltaRule = flag("delta_rule");
-  spec.qkL2Norm = flag("qk_l2norm");
-  spec.initialState = flag("initial_state");
-  spec.finalState = flag("final_state");
-  spec.varlen = flag("varlen");
-  spec.inKernelGate = flag("in_kernel_gate");
-  if (spec.numKeyHeads <= 0 || spec.numValueHeads <= 0 ||
-      spec.numValueHeads % spec.numKeyHeads != 0)
-    attributes.fail("num_value_heads", "must be a positive multiple of num_key_heads");
-  for (const char *key : {"key_dim", "value_dim"})
-    if (const int64_t dim = attributes.integer(key); dim != 64 && dim != 128)
-      attributes.fail(key, "the kernels take 64 or 128, got " + std::to_string(dim));
-  if (spec.gate != "none" && spec.gate != "scalar_log")
-    attributes.fail("gate", "the kernels implement none and scalar_log, got '" + spec.gate + "'");
-  if (spec.inKernelGate && spec.gate != "scalar_log")
-    attributes.fail("in_kernel_gate", "requires gate scalar_log");
-  if (spec.elementType != "bf16")
-    attributes.fail("element_type", "the kernels take bf16, got '" + spec.elementType + "'");
-  if (!(scale > 0) || !std::isfinite(scale))
-    attributes.fail("scale", "must be positive and finite");
+/// The kernels a spec's options need, in launch order (docs/gated-delta.md;
+/// lib/Codegen/GatedDeltaModule.cpp emits exactly these).
+std::vector<KernelRole> requiredRoles(const bundle::GatedDeltaSpec &spec) {
+  std::vector<KernelRole> roles;
+  if (spec.varlen)
+    roles.push_back(KernelRole::GatedDeltaChunkTable);
+  for (KernelRole role :
+       {KernelRole::GatedDeltaForwardPrepare, KernelRole::GatedDeltaForwardState,
+        KernelRole::GatedDeltaForwardOutput, KernelRole::GatedDeltaBackwardPrepare,
+        KernelRole::GatedDeltaBackwardState, KernelRole::GatedDeltaBackwardChunk})
+    roles.push_back(role);
+  if (spec.numValueHeads > spec.numKeyHeads)
+    roles.push_back(KernelRole::GatedDeltaBackwardFinalize);
+  if (spec.inKernelGate)
+    roles.push_back(KernelRole::GatedDeltaBackwardGateParams);
+  return roles;
 }
 
 GatedDeltaLaunch parseLaunch(const JsonObject &constants, const GatedDeltaKernelSpec &spec) {
@@ -80,47 +49,34 @@ GatedDeltaLaunch parseLaunch(const JsonObject &constants, const GatedDeltaKernel
     return value;
   };
   GatedDeltaLaunch launch;
-  launch.threads = constant("threads");
-  launch.chunkBackwardThreads = constant("chunk_backward_threads");
-  launch.stateThreads = constant("state_threads");
-  launch.chunkTableThreads = constant("chunk_table_threads");
-  launch.finalizeThreads = constant("finalize_threads");
-  launch.chunk = constant("chunk");
-  if (!constants.has("value_block"))
-    constants.fail("value_block", "missing (a bundle from an older dflex-compile: rebuild it)");
-  launch.valueBlock = constant("value_block");
+  launch.threads = constant(launch::kThreads);
+  launch.chunkBackwardThreads = constant(launch::kChunkBackwardThreads);
+  launch.stateThreads = constant(launch::kStateThreads);
+  launch.chunkTableThreads = constant(launch::kChunkTableThreads);
+  launch.finalizeThreads = constant(launch::kFinalizeThreads);
+  launch.chunk = constant(launch::kChunk);
+  if (!constants.has(launch::kValueBlock))
+    constants.fail(launch::kValueBlock, "missing (a bundle from an older dflex-compile: rebuild it)");
+  launch.valueBlock = constant(launch::kValueBlock);
   if (spec.valueDim % launch.valueBlock != 0)
-    constants.fail("value_block", "does not divide value_dim " + std::to_string(spec.valueDim));
-  for (const char *kernel : {"forward_prepare", "forward_state", "forward_output", "backward_prepare",
-                             "backward_state", "backward_chunk"})
-    launch.sharedBytes[std::string("gated_delta_") + kernel] =
-        constant(std::string(kernel) + "_shared_bytes");
+    constants.fail(launch::kValueBlock, "does not divide value_dim " + std::to_string(spec.valueDim));
+  for (const BundleKernel &kernel : spec.kernels)
+    if (const char *sharedBytes = bundle::kernelRole(kernel.role).sharedBytes)
+      launch.sharedBytes[kernel.role] = constant(sharedBytes);
   return launch;
 }
 
 GatedDeltaKernelSpec parseModule(const JsonObject &module) {
   GatedDeltaKernelSpec spec;
-  spec.name = module.string("name");
-  parseAttributes(module.object("spec"), spec);
-
-  const JsonValue::Array &kernels = arrayMember(module, "kernels");
-  for (size_t i = 0; i < kernels.size(); ++i) {
-    JsonObject entry(kernels[i], module.where() + ": kernels[" + std::to_string(i) + "]");
-    BundleKernel kernel;
-    kernel.role = entry.string("role");
-    kernel.nameExpression = entry.string("name_expression");
-    JsonObject archs = entry.object("archs");
-    for (const auto &[arch, value] : archs.members())
-      kernel.loweredNames[arch] =
-          JsonObject(value, archs.where() + ": " + arch).string("lowered_name");
-    spec.kernels.push_back(std::move(kernel));
-  }
-  for (const std::string &role : requiredRoles(spec)) {
+  static_cast<bundle::GatedDeltaSpec &>(spec) = detail::specOrThrow(bundle::gatedDeltaSpecFromJson(
+      module.string("name"), detail::member(module, "spec"), module.where() + ": spec"));
+  spec.kernels = detail::parseBundleKernels(module);
+  for (KernelRole role : requiredRoles(spec)) {
     bool found = false;
     for (const BundleKernel &kernel : spec.kernels)
       found = found || kernel.role == role;
     if (!found)
-      module.fail("kernels", "no kernel with role '" + role + "'");
+      module.fail("kernels", std::string("no kernel with role '") + bundle::roleName(role) + "'");
   }
 
   spec.binaries = detail::parseBundleBinaries(module, spec.kernels);
@@ -128,7 +84,9 @@ GatedDeltaKernelSpec parseModule(const JsonObject &module) {
   JsonObject binaries = module.object("binaries");
   for (const auto &[arch, binary] : spec.binaries)
     spec.launches[arch] = parseLaunch(
-        binaries.object(arch).object("launch").object("dflex_gated_delta_launch"), spec);
+        binaries.object(arch).object("launch").object(
+            bundle::launchArray(bundle::LaunchArray::GatedDelta).symbol),
+        spec);
   spec.sourceFile = module.string("source_file");
   spec.sourceSha256 = module.string("source_sha256");
   return spec;
@@ -136,11 +94,12 @@ GatedDeltaKernelSpec parseModule(const JsonObject &module) {
 
 } // namespace
 
-const BundleKernel &GatedDeltaKernelSpec::kernel(const std::string &role) const {
+const BundleKernel &GatedDeltaKernelSpec::kernel(KernelRole role) const {
   for (const BundleKernel &kernel : kernels)
     if (kernel.role == role)
       return kernel;
-  throw FormatError("gated-delta spec '" + name + "' has no kernel with role '" + role + "'");
+  throw FormatError("gated-delta spec '" + name + "' has no kernel with role '" +
+                    bundle::roleName(role) + "'");
 }
 
 std::shared_ptr<const GatedDeltaBundle> GatedDeltaBundle::openCached(const std::string &directory) {

@@ -4,11 +4,8 @@
 
 #include "dflex/Analysis/IntervalEvaluator.h"
 #include "dflex/Cache/KernelCache.h"
-#include "dflex/Codegen/Attention.h"
-#include "dflex/Codegen/KernelSources.h"
+#include "dflex/Bundle/CompileRequest.h"
 #include "dflex/Compile/CachedCompile.h"
-#include "dflex/Compile/Nvrtc.h"
-#include "dflex/Compile/PtxConstants.h"
 #include "dflex/Expr/ProgramJson.h"
 #include "dflex/Support/File.h"
 #include "dflex/Support/Sha256.h"
@@ -23,7 +20,9 @@ namespace dflex::runtime {
 
 namespace {
 
-
+using bundle::KernelRole;
+using bundle::LaunchArray;
+namespace launch = bundle::launch;
 
 const JsonValue::Array &arrayMember(const JsonObject &object, const char *key) {
   const JsonValue *member = nullptr;
@@ -35,26 +34,26 @@ const JsonValue::Array &arrayMember(const JsonObject &object, const char *key) {
   return member->asArray();
 }
 
-AttentionLaunch parseLaunch(const JsonObject &launch, const char *symbol, bool backward) {
-  JsonObject entry = launch.object(symbol);
+AttentionLaunch parseLaunch(const JsonObject &launch, LaunchArray array, bool backward) {
+  JsonObject entry = launch.object(bundle::launchArray(array).symbol);
   AttentionLaunch result;
-  result.threads = entry.integer("threads");
-  result.sharedBytes = entry.integer("shared_bytes");
-  result.blockM = entry.integer("block_m");
-  result.blockN = entry.integer("block_n");
+  result.threads = entry.integer(launch::kThreads);
+  result.sharedBytes = entry.integer(launch::kSharedBytes);
+  result.blockM = entry.integer(launch::kBlockM);
+  result.blockN = entry.integer(launch::kBlockN);
   if (backward)
-    result.rowKernelThreads = entry.integer("row_kernel_threads");
+    result.rowKernelThreads = entry.integer(launch::kRowKernelThreads);
   auto positive = [&](const char *key, int64_t value) {
     if (value <= 0 || value > (int64_t(1) << 24))
       entry.fail(key, "must be a positive launch constant, got " + std::to_string(value));
   };
-  positive("threads", result.threads);
-  positive("block_m", result.blockM);
-  positive("block_n", result.blockN);
+  positive(launch::kThreads, result.threads);
+  positive(launch::kBlockM, result.blockM);
+  positive(launch::kBlockN, result.blockN);
   if (result.sharedBytes < 0 || result.sharedBytes > (int64_t(1) << 24))
-    entry.fail("shared_bytes", "out of range: " + std::to_string(result.sharedBytes));
+    entry.fail(launch::kSharedBytes, "out of range: " + std::to_string(result.sharedBytes));
   if (backward)
-    positive("row_kernel_threads", result.rowKernelThreads);
+    positive(launch::kRowKernelThreads, result.rowKernelThreads);
   return result;
 }
 
@@ -64,41 +63,28 @@ AttentionLaunch parseLaunch(const JsonObject &launch, const char *symbol, bool b
 AttentionLaunches parseLaunches(const JsonObject &launch, const AttentionKernelSpec &spec,
                                 const std::string &arch) {
   AttentionLaunches result;
-  result.forward = parseLaunch(launch, "dflex_forward_launch", false);
-  result.backward = parseLaunch(launch, "dflex_backward_launch", true);
-  auto hopper = [&](const char *role, const char *symbol,
-                    bool backward) -> std::optional<AttentionLaunch> {
+  result.forward = parseLaunch(launch, LaunchArray::Forward, false);
+  result.backward = parseLaunch(launch, LaunchArray::Backward, true);
+  auto hopper = [&](KernelRole role, bool backward) -> std::optional<AttentionLaunch> {
+    const LaunchArray array = bundle::kernelRole(role).launch;
     if (spec.hasKernel(role, arch))
-      return parseLaunch(launch, symbol, backward);
-    if (launch.has(symbol))
-      launch.fail(symbol, "the " + arch + " binary has no kernel '" + role +
+      return parseLaunch(launch, array, backward);
+    if (const char *symbol = bundle::launchArray(array).symbol; launch.has(symbol))
+      launch.fail(symbol, "the " + arch + " binary has no kernel '" + bundle::roleName(role) +
                               "', yet has its launch constants");
     return std::nullopt;
   };
-  result.forwardSm90 = hopper("attention_forward_sm90", "dflex_forward_sm90_launch", false);
-  result.backwardSm90 = hopper("attention_backward_sm90", "dflex_backward_sm90_launch", true);
+  result.forwardSm90 = hopper(KernelRole::AttentionForwardSm90, false);
+  result.backwardSm90 = hopper(KernelRole::AttentionBackwardSm90, true);
   return result;
 }
 
-/// The launch constants `spec`'s kernels for `arch` need, read from the PTX
-/// of a compile for `arch` and checked as the manifest's are.
-AttentionLaunches launchesFromPtx(const AttentionKernelSpec &spec, const std::string &arch,
-                                  const std::string &ptx, const std::string &label) {
-  JsonValue launch = JsonValue::object();
-  auto read = [&](const char *symbol, const auto &names) {
-    Result<std::vector<int64_t>> values = compile::readPtxIntArray(ptx, symbol, names.size());
-    if (!values.ok())
-      throw FormatError(label + ": " + values.error());
-    for (size_t i = 0; i < names.size(); ++i)
-      launch[symbol][names[i]] = values.value()[i];
-  };
-  read("dflex_forward_launch", codegen::kForwardLaunchNames);
-  read("dflex_backward_launch", codegen::kBackwardLaunchNames);
-  if (spec.hasKernel("attention_forward_sm90", arch))
-    read("dflex_forward_sm90_launch", codegen::kForwardLaunchNames);
-  if (spec.hasKernel("attention_backward_sm90", arch))
-    read("dflex_backward_sm90_launch", codegen::kBackwardLaunchNames);
-  return parseLaunches(JsonObject(launch, label + ": launch constants"), spec, arch);
+/// The module's kernels as the compile request names them.
+std::vector<bundle::ModuleKernel> moduleKernels(const std::vector<BundleKernel> &kernels) {
+  std::vector<bundle::ModuleKernel> result;
+  for (const BundleKernel &kernel : kernels)
+    result.push_back({kernel.role, kernel.nameExpression});
+  return result;
 }
 
 expr::Program parseProgram(const JsonObject &module, const std::string &name, const char *kind) {
@@ -141,64 +127,42 @@ codegen::VariantLayout checkedLayout(const JsonObject &module, const AttentionKe
   return expected;
 }
 
+/// A manifest's spec, or its error as a FormatError.
+template <typename Spec> Spec specOrThrow(Result<Spec> spec) {
+  if (!spec.ok())
+    throw FormatError(spec.error());
+  return std::move(spec).value();
+}
+
 AttentionKernelSpec parseAttention(const JsonObject &module) {
   AttentionKernelSpec spec;
-  spec.name = module.string("name");
-  JsonObject attributes = module.object("spec");
-  spec.numQHeads = attributes.integer("num_q_heads");
-  spec.numKvHeads = attributes.integer("num_kv_heads");
-  spec.qkHeadDim = attributes.integer("qk_head_dim");
-  spec.vHeadDim = attributes.integer("v_head_dim");
-  spec.elementType = attributes.string("element_type");
-  spec.scale = static_cast<float>(attributes.number("scale"));
-  if (spec.numQHeads <= 0 || spec.numKvHeads <= 0 || spec.numQHeads % spec.numKvHeads != 0)
-    attributes.fail("num_kv_heads", "must divide num_q_heads");
-  if (spec.qkHeadDim <= 0 || spec.vHeadDim <= 0)
-    attributes.fail("qk_head_dim", "head dims must be positive");
-  if (spec.elementType != "bf16" && spec.elementType != "f16")
-    attributes.fail("element_type", "expected bf16 or f16, got '" + spec.elementType + "'");
-
-  spec.mask = parseProgram(module, attributes.string("mask"), "mask");
-  if (std::optional<std::string> scoreMod = attributes.optionalString("score_mod")) {
-    spec.scoreMod = parseProgram(module, *scoreMod, "score_mod");
+  static_cast<bundle::AttentionSpec &>(spec) = detail::specOrThrow(bundle::attentionSpecFromJson(
+      module.string("name"), detail::member(module, "spec"), module.where() + ": spec"));
+  spec.mask = parseProgram(module, spec.maskName, "mask");
+  if (!spec.scoreModName.empty()) {
+    spec.scoreMod = parseProgram(module, spec.scoreModName, "score_mod");
     if (spec.scoreMod->scoreDerivative < 0)
-      module.fail("programs", "score_mod '" + *scoreMod + "' carries no derivative");
+      module.fail("programs", "score_mod '" + spec.scoreModName + "' carries no derivative");
   }
   spec.layout = checkedLayout(module, spec);
 
-  const JsonValue::Array &kernels = arrayMember(module, "kernels");
-  for (size_t i = 0; i < kernels.size(); ++i) {
-    JsonObject entry(kernels[i], module.where() + ": kernels[" + std::to_string(i) + "]");
-    BundleKernel kernel;
-    kernel.role = entry.string("role");
-    kernel.nameExpression = entry.string("name_expression");
-    kernel.requiredTarget = entry.optionalString("required_target").value_or("");
-    JsonObject archs = entry.object("archs");
-    for (const auto &[arch, value] : archs.members())
-      kernel.loweredNames[arch] =
-          JsonObject(value, archs.where() + ": " + arch).string("lowered_name");
-    // The launch code of the Hopper roles runs them only from sm_90a binaries.
-    const bool hopper = kernel.role.size() > 5 &&
-                        kernel.role.compare(kernel.role.size() - 5, 5, "_sm90") == 0;
-    if (hopper && kernel.requiredTarget != codegen::kSm90Target)
-      entry.fail("required_target", "kernel '" + kernel.role + "' must require " +
-                                        codegen::kSm90Target + ", got '" +
-                                        kernel.requiredTarget + "'");
-    spec.kernels.push_back(std::move(kernel));
-  }
-  auto requireRoles = [&](std::initializer_list<const char *> roles) {
-    for (const char *role : roles)
+  spec.kernels = detail::parseBundleKernels(module);
+  auto requireRoles = [&](std::initializer_list<KernelRole> roles) {
+    for (KernelRole role : roles)
       if (!spec.hasRole(role))
-        module.fail("kernels", std::string("no kernel with role '") + role + "'");
+        module.fail("kernels",
+                    std::string("no kernel with role '") + bundle::roleName(role) + "'");
   };
-  requireRoles({"attention_forward", "attention_backward_preprocess", "attention_backward",
-                "attention_backward_grad_q"});
+  requireRoles({KernelRole::AttentionForward, KernelRole::AttentionBackwardPreprocess,
+                KernelRole::AttentionBackward, KernelRole::AttentionBackwardGradQ});
   // The Hopper backward's kernels come as a set, with the Hopper forward.
-  if (spec.hasRole("attention_backward_sm90") ||
-      spec.hasRole("attention_backward_preprocess_sm90") ||
-      spec.hasRole("attention_backward_grad_q_sm90"))
-    requireRoles({"attention_forward_sm90", "attention_backward_preprocess_sm90",
-                  "attention_backward_sm90", "attention_backward_grad_q_sm90"});
+  const std::initializer_list<KernelRole> hopperBackward = {
+      KernelRole::AttentionBackwardPreprocessSm90, KernelRole::AttentionBackwardSm90,
+      KernelRole::AttentionBackwardGradQSm90};
+  for (KernelRole role : hopperBackward)
+    if (spec.hasRole(role))
+      requireRoles({KernelRole::AttentionForwardSm90, KernelRole::AttentionBackwardPreprocessSm90,
+                    KernelRole::AttentionBackwardSm90, KernelRole::AttentionBackwardGradQSm90});
 
   spec.binaries = detail::parseBundleBinaries(module, spec.kernels);
   // Each binary's launch constants, read from its own PTX.
@@ -238,11 +202,12 @@ void MaskEvaluatorPool::give(std::unique_ptr<analysis::IntervalEvaluator> evalua
     kept_.push_back(std::move(evaluator));
 }
 
-const BundleKernel &AttentionKernelSpec::kernel(const std::string &role) const {
+const BundleKernel &AttentionKernelSpec::kernel(KernelRole role) const {
   for (const BundleKernel &kernel : kernels)
     if (kernel.role == role)
       return kernel;
-  throw FormatError("attention spec '" + name + "' has no kernel with role '" + role + "'");
+  throw FormatError("attention spec '" + name + "' has no kernel with role '" +
+                    bundle::roleName(role) + "'");
 }
 
 bool AttentionLaunch::operator==(const AttentionLaunch &other) const {
@@ -256,18 +221,15 @@ bool AttentionLaunches::operator==(const AttentionLaunches &other) const {
          forwardSm90 == other.forwardSm90 && backwardSm90 == other.backwardSm90;
 }
 
-bool AttentionKernelSpec::hasRole(const std::string &role) const {
+bool AttentionKernelSpec::hasRole(KernelRole role) const {
   for (const BundleKernel &kernel : kernels)
     if (kernel.role == role)
       return true;
   return false;
 }
 
-bool AttentionKernelSpec::hasKernel(const std::string &role, const std::string &arch) const {
-  for (const BundleKernel &kernel : kernels)
-    if (kernel.role == role)
-      return codegen::buildsFor(kernel.requiredTarget, arch);
-  return false;
+bool AttentionKernelSpec::hasKernel(KernelRole role, const std::string &arch) const {
+  return hasRole(role) && bundle::buildsFor(role, arch);
 }
 
 std::vector<std::string> AttentionKernelSpec::captureNames() const {
@@ -306,17 +268,17 @@ std::shared_ptr<const KernelBundle> KernelBundle::open(const std::string &direct
   JsonObject root(manifest, manifestPath);
 
   const int64_t format = root.integer("format_version");
-  if (format != codegen::kBundleFormatVersion)
+  if (format != bundle::kBundleFormatVersion)
     root.fail("format_version", "this runtime reads version " +
-                                    std::to_string(codegen::kBundleFormatVersion) + ", got " +
+                                    std::to_string(bundle::kBundleFormatVersion) + ", got " +
                                     std::to_string(format) +
                                     "; rebuild the bundle with this version's dflex-compile");
   // The runtime passes kernel parameters as the structs of its own copy of
   // the kernel templates: both sides must be the same templates.
   const std::string &templates = root.string("template_version");
-  if (templates != codegen::kTemplateVersion)
+  if (templates != bundle::kTemplateVersion)
     root.fail("template_version", "the bundle was built with kernel templates '" + templates +
-                                      "', this runtime has '" + codegen::kTemplateVersion +
+                                      "', this runtime has '" + bundle::kTemplateVersion +
                                       "'; rebuild it with this version's dflex-compile");
 
   const JsonValue::Array &modules = arrayMember(root, "modules");
@@ -418,31 +380,23 @@ const KernelBundle::CompiledAttention &
 KernelBundle::compiledAttention(const AttentionKernelSpec &spec, const std::string &arch) const {
   // The request dflex-compile makes for the arch, so that both share cache
   // entries.
-  compile::CompileRequest request;
-  request.programName = spec.name + ".cu";
-  request.archs = {arch};
-  request.options = {"-std=c++17"};
-  std::vector<const BundleKernel *> built;
+  const std::vector<bundle::ModuleKernel> kernels = moduleKernels(spec.kernels);
   std::string key = spec.sourceSha256 + "\n" + arch;
-  for (const BundleKernel &kernel : spec.kernels)
-    if (codegen::buildsFor(kernel.requiredTarget, arch)) {
-      request.nameExpressions.push_back(kernel.nameExpression);
-      built.push_back(&kernel);
+  for (const bundle::ModuleKernel &kernel : kernels)
+    if (bundle::buildsFor(kernel.role, arch))
       key += "\n" + kernel.nameExpression;
-    }
   std::lock_guard<std::mutex> lock(compileMutex_);
   std::unique_ptr<const CompiledAttention> &slot = compiled_[key];
   if (slot)
     return *slot;
 
-  request.source = readVerified(spec.sourceFile, spec.sourceSha256);
-  for (const codegen::EmbeddedHeader &header : codegen::kernelHeaders())
-    request.headers.push_back({header.name, header.contents});
+  const compile::CompileRequest request = bundle::compileRequest(
+      spec.name, readVerified(spec.sourceFile, spec.sourceSha256), kernels, arch);
   cache::CacheConfig config;
   config.warningSink = cache::stderrWarningSink();
   cache::KernelCache kernelCache(config);
   Result<std::vector<compile::ArchBinary>> binaries =
-      compile::compileCached(request, kernelCache, codegen::kTemplateVersion);
+      compile::compileCached(request, kernelCache, bundle::kTemplateVersion);
   if (!binaries.ok())
     throw FormatError("kernel bundle " + directory_ + ": spec '" + spec.name +
                       "' has no binary for " + arch + " and compiling its source " +
@@ -455,26 +409,28 @@ KernelBundle::compiledAttention(const AttentionKernelSpec &spec, const std::stri
   image.compiled = true;
   if (binary.cubin.empty())
     throw FormatError(image.label + ": NVRTC gave no cubin for " + arch);
-  for (const BundleKernel *kernel : built) {
-    std::string lowered = binary.loweredName(kernel->nameExpression);
+  for (const bundle::ModuleKernel &kernel : kernels) {
+    if (!bundle::buildsFor(kernel.role, arch))
+      continue;
+    std::string lowered = binary.loweredName(kernel.nameExpression);
     if (lowered.empty())
-      throw FormatError(image.label + ": NVRTC gave no lowered name for " +
-                        kernel->nameExpression);
-    image.loweredNames[kernel->role] = lowered;
+      throw FormatError(image.label + ": NVRTC gave no lowered name for " + kernel.nameExpression);
+    image.loweredNames[kernel.role] = lowered;
   }
-  compiled->launches = launchesFromPtx(spec, arch, binary.ptx, image.label);
+  // The launch constants of the compile, checked as the manifest's are.
+  Result<bundle::LaunchValues> launch = bundle::readLaunchValues(binary, kernels);
+  if (!launch.ok())
+    throw FormatError(image.label + ": " + launch.error());
+  JsonValue launchJson = JsonValue::object();
+  for (const auto &[symbol, values] : launch.value())
+    for (const auto &[name, value] : values)
+      launchJson[symbol][name] = value;
+  compiled->launches =
+      parseLaunches(JsonObject(launchJson, image.label + ": launch constants"), spec, arch);
   // What dflex-compile checks for its binaries: static plus dynamic shared
   // memory within the arch's limit.
-  auto sharedBytes = [&](const char *role, const std::optional<AttentionLaunch> &launch) {
-    if (launch && spec.hasKernel(role, arch))
-      request.dynamicSharedBytes[spec.kernel(role).nameExpression] =
-          static_cast<uint64_t>(launch->sharedBytes);
-  };
-  sharedBytes("attention_forward", compiled->launches.forward);
-  sharedBytes("attention_backward", compiled->launches.backward);
-  sharedBytes("attention_forward_sm90", compiled->launches.forwardSm90);
-  sharedBytes("attention_backward_sm90", compiled->launches.backwardSm90);
-  if (Status status = compile::checkSharedMemory(request, binary); !status.ok())
+  if (Status status = bundle::checkSharedMemory(request, kernels, launch.value(), binary);
+      !status.ok())
     throw FormatError(image.label + ": " + status.message());
   image.image = std::move(binary.cubin);
   slot = std::move(compiled);
@@ -508,14 +464,48 @@ detail::parseBundleBinaries(const JsonObject &module, const std::vector<BundleKe
     }
     // A binary has exactly the kernels its arch builds.
     for (const BundleKernel &kernel : kernels) {
-      const bool built = codegen::buildsFor(kernel.requiredTarget, arch);
+      const bundle::KernelRoleInfo &role = bundle::kernelRole(kernel.role);
+      const bool built = bundle::buildsFor(kernel.role, arch);
       if (built && !kernel.loweredNames.count(arch))
-        entry.fail("ptx", "kernel '" + kernel.role + "' has no lowered name for " + arch);
+        entry.fail("ptx", std::string("kernel '") + role.name + "' has no lowered name for " + arch);
       if (!built && kernel.loweredNames.count(arch))
-        entry.fail("ptx", "kernel '" + kernel.role + "' needs " + kernel.requiredTarget +
+        entry.fail("ptx", std::string("kernel '") + role.name + "' needs " + role.requiredTarget +
                               " but has a lowered name for " + arch);
     }
     result[arch] = std::move(binary);
+  }
+  return result;
+}
+
+const JsonValue &detail::member(const JsonObject &object, const char *key) {
+  object.object(key); // present, and an object
+  return object.members().at(key);
+}
+
+std::vector<BundleKernel> detail::parseBundleKernels(const JsonObject &module) {
+  std::vector<BundleKernel> result;
+  const JsonValue::Array &kernels = arrayMember(module, "kernels");
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    JsonObject entry(kernels[i], module.where() + ": kernels[" + std::to_string(i) + "]");
+    const std::string &name = entry.string("role");
+    std::optional<KernelRole> role = bundle::kernelRoleNamed(name);
+    if (!role)
+      entry.fail("role", "'" + name + "' is no kernel role of this runtime");
+    // The launch code runs a kernel only from binaries of its role's target.
+    const std::string target = bundle::kernelRole(*role).requiredTarget;
+    const std::string listed = entry.optionalString("required_target").value_or("");
+    if (listed != target)
+      entry.fail("required_target",
+                 "kernel '" + name + "' must " +
+                     (target.empty() ? std::string("be built for every arch")
+                                     : "require " + target) +
+                     ", got '" + listed + "'");
+    BundleKernel kernel{*role, entry.string("name_expression"), {}};
+    JsonObject archs = entry.object("archs");
+    for (const auto &[arch, value] : archs.members())
+      kernel.loweredNames[arch] =
+          JsonObject(value, archs.where() + ": " + arch).string("lowered_name");
+    result.push_back(std::move(kernel));
   }
   return result;
 }

@@ -27,28 +27,29 @@ namespace {
 
 namespace kernels = ::dflex::kernels;
 
-const char *const kChunkTable = "gated_delta_chunk_table";
-const char *const kForwardPrepare = "gated_delta_forward_prepare";
-const char *const kForwardState = "gated_delta_forward_state";
-const char *const kForwardOutput = "gated_delta_forward_output";
-const char *const kBackwardPrepare = "gated_delta_backward_prepare";
-const char *const kBackwardState = "gated_delta_backward_state";
-const char *const kBackwardChunk = "gated_delta_backward_chunk";
-const char *const kBackwardFinalize = "gated_delta_backward_finalize";
-const char *const kBackwardGateParams = "gated_delta_backward_gate_params";
+using bundle::KernelRole;
+constexpr KernelRole kChunkTable = KernelRole::GatedDeltaChunkTable;
+constexpr KernelRole kForwardPrepare = KernelRole::GatedDeltaForwardPrepare;
+constexpr KernelRole kForwardState = KernelRole::GatedDeltaForwardState;
+constexpr KernelRole kForwardOutput = KernelRole::GatedDeltaForwardOutput;
+constexpr KernelRole kBackwardPrepare = KernelRole::GatedDeltaBackwardPrepare;
+constexpr KernelRole kBackwardState = KernelRole::GatedDeltaBackwardState;
+constexpr KernelRole kBackwardChunk = KernelRole::GatedDeltaBackwardChunk;
+constexpr KernelRole kBackwardFinalize = KernelRole::GatedDeltaBackwardFinalize;
+constexpr KernelRole kBackwardGateParams = KernelRole::GatedDeltaBackwardGateParams;
 
 /// The kernels of one spec, loaded on one device, by role, with the launch
 /// constants of the binary they come from.
 struct LoadedGatedDelta {
   std::unique_ptr<CudaModule> module;
-  std::map<std::string, CUfunction> functions;
+  std::map<KernelRole, CUfunction> functions;
   GatedDeltaLaunch launch;
 
-  CUfunction operator[](const char *role) const { return functions.at(role); }
+  CUfunction operator[](KernelRole role) const { return functions.at(role); }
 };
 
 /// Threads per block of each role.
-int64_t threadsOf(const GatedDeltaLaunch &launch, const std::string &role) {
+int64_t threadsOf(const GatedDeltaLaunch &launch, KernelRole role) {
   if (role == kChunkTable)
     return launch.chunkTableThreads;
   if (role == kBackwardChunk)
@@ -93,7 +94,7 @@ std::unique_ptr<LoadedGatedDelta> loadGatedDelta(const GatedDeltaBundle &bundle,
                  "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
     const int64_t threads = threadsOf(launch, kernel.role);
     if (maxThreads < threads)
-      throw CudaError(image.label + ": kernel " + kernel.role + " takes at most " +
+      throw CudaError(image.label + ": kernel " + bundle::roleName(kernel.role) + " takes at most " +
                       std::to_string(maxThreads) + " threads per block, its launch constants say " +
                       std::to_string(threads));
     // Set once per kernel, as the harness's Launcher::configure does.
@@ -303,7 +304,7 @@ public:
 
   /// Launches `role` with its dynamic shared memory (none for the kernels
   /// that have static shared memory only).
-  void operator()(const char *role, LaunchExtent grid, int64_t threads) {
+  void operator()(KernelRole role, LaunchExtent grid, int64_t threads) {
     auto shared = launch_.sharedBytes.find(role);
     void *arguments[] = {&params_};
     loaded_.module->launch(loaded_[role], grid, {static_cast<unsigned>(threads), 1, 1},

@@ -8,18 +8,17 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Bundle.h"
-
 #include "DFlex/IR/DFlexDialect.h"
 #include "DFlex/IR/DFlexOps.h"
+#include "dflex/Bundle/BundleWriter.h"
+#include "dflex/Bundle/CompileRequest.h"
+#include "dflex/Bundle/Specs.h"
 #include "dflex/Cache/KernelCache.h"
-#include "dflex/Codegen/Attention.h"
+#include "dflex/Codegen/AttentionModule.h"
 #include "dflex/Codegen/Derivative.h"
-#include "dflex/Codegen/GatedDelta.h"
-#include "dflex/Codegen/KernelSources.h"
+#include "dflex/Codegen/GatedDeltaModule.h"
 #include "dflex/Compile/CachedCompile.h"
 #include "dflex/Compile/GpuArch.h"
-#include "dflex/Compile/PtxConstants.h"
 #include "dflex/Conversion/DFlexToProgram/DFlexToProgram.h"
 #include "dflex/Expr/ProgramJson.h"
 #include "dflex/Support/InputLimits.h"
@@ -38,6 +37,7 @@
 
 using namespace mlir;
 using namespace mlir::dflex;
+namespace bundle = ::dflex::bundle;
 namespace codegen = ::dflex::codegen;
 namespace compile = ::dflex::compile;
 namespace cache = ::dflex::cache;
@@ -91,8 +91,20 @@ FailureOr<expr::Program> lowerBody(Operation *spec, FlatSymbolRefAttr symbol) {
   return program;
 }
 
-FailureOr<::dflex::tools::CompiledModule> generate(AttentionOp op,
-                                                   StringRef sourceName) {
+/// A generated module, ready to compile: its bundle entry without binaries.
+bundle::CompiledModule moduleOf(codegen::GeneratedModule generated, ::dflex::JsonValue spec) {
+  bundle::CompiledModule module;
+  module.name = generated.name;
+  module.kind = generated.kind;
+  module.fileStem = codegen::sanitizeIdentifier(generated.name);
+  module.source = std::move(generated.source);
+  module.spec = std::move(spec);
+  module.variant = codegen::toJson(generated.layout);
+  module.kernels = std::move(generated.kernels);
+  return module;
+}
+
+FailureOr<bundle::CompiledModule> generate(AttentionOp op, StringRef sourceName) {
   FailureOr<expr::Program> mask = lowerBody(op, op.getMaskAttr());
   if (failed(mask))
     return failure();
@@ -103,8 +115,11 @@ FailureOr<::dflex::tools::CompiledModule> generate(AttentionOp op,
       return failure();
     scoreMod = std::move(*lowered);
   }
-  codegen::AttentionSpec spec;
+  bundle::AttentionSpec spec;
   spec.name = op.getSymName().str();
+  spec.maskName = op.getMask().str();
+  if (scoreMod)
+    spec.scoreModName = op.getScoreModAttr().getValue().str();
   spec.numQHeads = op.getNumQHeads();
   spec.numKvHeads = op.getNumKvHeads();
   spec.qkHeadDim = op.getQkHeadDim();
@@ -117,27 +132,15 @@ FailureOr<::dflex::tools::CompiledModule> generate(AttentionOp op,
     op.emitError(generated.error());
     return failure();
   }
-  ::dflex::tools::CompiledModule module;
-  module.generated = generated.value();
-  module.spec = ::dflex::JsonValue::object();
-  module.spec["mask"] = op.getMask().str();
-  if (scoreMod)
-    module.spec["score_mod"] = op.getScoreModAttr().getValue().str();
-  module.spec["num_q_heads"] = spec.numQHeads;
-  module.spec["num_kv_heads"] = spec.numKvHeads;
-  module.spec["qk_head_dim"] = spec.qkHeadDim;
-  module.spec["v_head_dim"] = spec.vHeadDim;
-  module.spec["element_type"] = spec.elementType;
-  module.spec["scale"] = static_cast<double>(spec.scale);
+  bundle::CompiledModule module = moduleOf(std::move(generated).value(), bundle::toJson(spec));
   module.programs.push_back(expr::toJson(*mask));
   if (scoreMod)
     module.programs.push_back(expr::toJson(*scoreMod));
   return module;
 }
 
-FailureOr<::dflex::tools::CompiledModule> generate(GatedDeltaOp op,
-                                                   StringRef sourceName) {
-  codegen::GatedDeltaSpec spec;
+FailureOr<bundle::CompiledModule> generate(GatedDeltaOp op, StringRef sourceName) {
+  bundle::GatedDeltaSpec spec;
   spec.name = op.getSymName().str();
   spec.numKeyHeads = op.getNumKeyHeads();
   spec.numValueHeads = op.getNumValueHeads();
@@ -157,118 +160,43 @@ FailureOr<::dflex::tools::CompiledModule> generate(GatedDeltaOp op,
     op.emitError(generated.error());
     return failure();
   }
-  ::dflex::tools::CompiledModule module;
-  module.generated = generated.value();
-  module.spec = ::dflex::JsonValue::object();
-  module.spec["num_key_heads"] = spec.numKeyHeads;
-  module.spec["num_value_heads"] = spec.numValueHeads;
-  module.spec["key_dim"] = spec.keyDim;
-  module.spec["value_dim"] = spec.valueDim;
-  module.spec["gate"] = spec.gate;
-  module.spec["delta_rule"] = spec.deltaRule;
-  module.spec["qk_l2norm"] = spec.qkL2Norm;
-  module.spec["initial_state"] = spec.initialState;
-  module.spec["final_state"] = spec.finalState;
-  module.spec["varlen"] = spec.varlen;
-  module.spec["in_kernel_gate"] = spec.inKernelGate;
-  module.spec["element_type"] = spec.elementType;
-  module.spec["scale"] = static_cast<double>(spec.scale);
-  return module;
-}
-
-/// The launch constant holding the dynamic shared memory of a kernel role.
-std::optional<std::pair<std::string, std::string>> sharedBytesConstant(StringRef role) {
-  if (role == "attention_forward")
-    return std::make_pair("dflex_forward_launch", "shared_bytes");
-  if (role == "attention_backward")
-    return std::make_pair("dflex_backward_launch", "shared_bytes");
-  if (role == "attention_forward_sm90")
-    return std::make_pair("dflex_forward_sm90_launch", "shared_bytes");
-  if (role == "attention_backward_sm90")
-    return std::make_pair("dflex_backward_sm90_launch", "shared_bytes");
-  if (role.consume_front("gated_delta_") &&
-      llvm::is_contained({"forward_prepare", "forward_state", "forward_output",
-                          "backward_prepare", "backward_state", "backward_chunk"},
-                         role))
-    return std::make_pair("dflex_gated_delta_launch", role.str() + "_shared_bytes");
-  return std::nullopt;
-}
-
-/// The NVRTC request for one arch: the kernels that arch builds (the
-/// runtime's run-time compile makes the same request, so both share cache
-/// entries).
-compile::CompileRequest archRequest(const codegen::GeneratedModule &generated,
-                                    const std::string &arch) {
-  compile::CompileRequest request;
-  request.source = generated.source;
-  request.programName = generated.name + ".cu";
-  request.archs = {arch};
-  request.options = {"-std=c++17"};
-  for (const codegen::EmbeddedHeader &header : codegen::kernelHeaders())
-    request.headers.push_back({header.name, header.contents});
-  for (const codegen::KernelEntry &kernel : generated.kernels)
-    if (codegen::buildsFor(kernel.requiredTarget, arch))
-      request.nameExpressions.push_back(kernel.nameExpression);
-  return request;
+  return moduleOf(std::move(generated).value(), bundle::toJson(spec));
 }
 
 /// Compiles a module for every arch through the cache; reads each binary's
 /// launch constants back from its PTX and checks its shared memory against
-/// its arch's limit.
-/// Kernels and launch constants that no target builds (the Hopper kernels
+/// its arch's limit. Kernels that no target builds (the Hopper kernels
 /// without sm_90a) leave the module.
-::dflex::Status compileModule(::dflex::tools::CompiledModule &module,
+::dflex::Status compileModule(bundle::CompiledModule &module,
                               const std::vector<std::string> &targets,
                               cache::KernelCache &kernelCache, int &hits) {
-  auto builtByAny = [&](const std::string &requiredTarget) {
-    return llvm::any_of(targets, [&](const std::string &arch) {
-      return codegen::buildsFor(requiredTarget, arch);
+  llvm::erase_if(module.kernels, [&](const bundle::ModuleKernel &kernel) {
+    return !llvm::any_of(targets, [&](const std::string &arch) {
+      return bundle::buildsFor(kernel.role, arch);
     });
-  };
-  codegen::GeneratedModule &generated = module.generated;
-  llvm::erase_if(generated.kernels, [&](const codegen::KernelEntry &kernel) {
-    return !builtByAny(kernel.requiredTarget);
   });
-  llvm::erase_if(generated.launchConstants, [&](const codegen::LaunchConstants &constants) {
-    return !builtByAny(constants.requiredTarget);
-  });
-
   for (const std::string &arch : targets) {
-    compile::CompileRequest request = archRequest(generated, arch);
-    auto binaries = compile::compileCached(request, kernelCache, codegen::kTemplateVersion);
+    compile::CompileRequest request =
+        bundle::compileRequest(module.name, module.source, module.kernels, arch);
+    auto binaries = compile::compileCached(request, kernelCache, bundle::kTemplateVersion);
     if (!binaries.ok())
       return binaries.status();
     compile::ArchBinary &binary = binaries.value().front();
     hits += binary.fromCache;
-    auto key = compile::archCacheKey(request, arch, codegen::kTemplateVersion);
+    auto key = compile::archCacheKey(request, arch, bundle::kTemplateVersion);
     module.cacheKeys.push_back(key.ok() ? key.value() : "");
+    // Launch constants follow the configs each arch is compiled with: each
+    // binary's are read from its own PTX, and its shared memory is checked
+    // with them.
+    auto launch = bundle::readLaunchValues(binary, module.kernels);
+    if (!launch.ok())
+      return ::dflex::Status::failure("@" + module.name + " (" + arch + "): " + launch.error());
+    if (::dflex::Status status =
+            bundle::checkSharedMemory(request, module.kernels, launch.value(), binary);
+        !status.ok())
+      return ::dflex::Status::failure("@" + module.name + ": " + status.message());
+    module.launch.push_back(std::move(launch).value());
     module.binaries.push_back(std::move(binary));
-  }
-
-  // Launch constants follow the configs each arch is compiled with: each
-  // binary's are read from its own PTX, and its shared memory is checked
-  // with them.
-  for (compile::ArchBinary &binary : module.binaries) {
-    ::dflex::tools::CompiledModule::LaunchValues &launch = module.launch.emplace_back();
-    for (const codegen::LaunchConstants &constants : generated.launchConstants) {
-      if (!codegen::buildsFor(constants.requiredTarget, binary.arch))
-        continue;
-      auto values =
-          compile::readPtxIntArray(binary.ptx, constants.symbol, constants.names.size());
-      if (!values.ok())
-        return ::dflex::Status::failure("@" + generated.name + " (" + binary.arch +
-                                        "): " + values.error());
-      for (size_t i = 0; i < constants.names.size(); ++i)
-        launch[constants.symbol][constants.names[i]] = values.value()[i];
-    }
-    compile::CompileRequest request = archRequest(generated, binary.arch);
-    for (const codegen::KernelEntry &kernel : generated.kernels)
-      if (codegen::buildsFor(kernel.requiredTarget, binary.arch))
-        if (auto constant = sharedBytesConstant(kernel.role))
-          request.dynamicSharedBytes[kernel.nameExpression] =
-              launch[constant->first][constant->second];
-    if (::dflex::Status status = compile::checkSharedMemory(request, binary); !status.ok())
-      return ::dflex::Status::failure("@" + generated.name + ": " + status.message());
   }
   return ::dflex::Status::success();
 }
@@ -302,9 +230,9 @@ int main(int argc, char **argv) {
   if (!module)
     return 1;
 
-  std::vector<::dflex::tools::CompiledModule> modules;
+  std::vector<bundle::CompiledModule> modules;
   for (Operation &op : module->getBody()->getOperations()) {
-    FailureOr<::dflex::tools::CompiledModule> generated = failure();
+    FailureOr<bundle::CompiledModule> generated = failure();
     if (auto attention = dyn_cast<AttentionOp>(op))
       generated = generate(attention, inputFilename);
     else if (auto gatedDelta = dyn_cast<GatedDeltaOp>(op))
@@ -323,7 +251,7 @@ int main(int argc, char **argv) {
 
   if (emitCuda) {
     for (const auto &compiled : modules)
-      llvm::outs() << compiled.generated.source << "\n";
+      llvm::outs() << compiled.source << "\n";
     return 0;
   }
   if (outputDir.empty())
@@ -350,10 +278,10 @@ int main(int argc, char **argv) {
         !status.ok())
       return fail(status.message());
     binaries += compiled.binaries.size();
-    kernels += compiled.generated.kernels.size();
+    kernels += compiled.kernels.size();
   }
   if (::dflex::Status status =
-          ::dflex::tools::writeBundle(outputDir, inputFilename, sourceText, targets, modules);
+          bundle::writeBundle(outputDir, inputFilename, sourceText, targets, modules);
       !status.ok())
     return fail(status.message());
 

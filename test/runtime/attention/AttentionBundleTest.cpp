@@ -17,6 +17,7 @@
 #include <tuple>
 
 using namespace dflex::runtime;
+namespace bundle = dflex::bundle;
 using dflex::FormatError;
 using dflex::IoError;
 
@@ -191,8 +192,8 @@ TEST(ExampleBundles, RunTimeCompileReproducesTheBundlesBinary) {
   const AttentionKernelSpec &spec = bundle->attention("drafter_attention");
   const KernelImage hopper = bundle->kernelImage(spec, "sm_90a");
   EXPECT_EQ(hopper.loweredNames.size(), 9u);
-  EXPECT_EQ(hopper.loweredNames.count("attention_backward_grad_q_sm90"), 1u);
-  EXPECT_EQ(bundle->kernelImage(spec, "sm_120").loweredNames.count("attention_forward_sm90"), 0u);
+  EXPECT_EQ(hopper.loweredNames.count(bundle::KernelRole::AttentionBackwardGradQSm90), 1u);
+  EXPECT_EQ(bundle->kernelImage(spec, "sm_120").loweredNames.count(bundle::KernelRole::AttentionForwardSm90), 0u);
 }
 
 TEST(ExampleBundles, RunTimeCompileRefusesOtherLaunchConstantsThanTheManifests) {

@@ -21,6 +21,7 @@
 
 using namespace dflex;
 using namespace dflex::runtime;
+namespace bundle = dflex::bundle;
 using dflex::FormatError;
 using dflex::IoError;
 using dflex::runtime::test::expectError;
@@ -152,8 +153,8 @@ void writeBundle(const std::string &directory,
   const expr::Program mask = documentWindowMask();
   const expr::Program scoreMod = softcapBiasScoreMod();
   JsonValue manifest = JsonValue::object();
-  manifest["format_version"] = codegen::kBundleFormatVersion;
-  manifest["template_version"] = codegen::kTemplateVersion;
+  manifest["format_version"] = bundle::kBundleFormatVersion;
+  manifest["template_version"] = bundle::kTemplateVersion;
   JsonValue modules = JsonValue::array();
   for (bool withScoreMod : {false, true}) {
     const std::string name = withScoreMod ? "windowed_softcap" : "windowed";
@@ -265,7 +266,7 @@ TEST(KernelBundle, OpensAndDescribesItsSpecs) {
   EXPECT_EQ(launches.forward.sharedBytes, 4096);
   EXPECT_EQ(launches.backward.blockN, 32);
   EXPECT_EQ(launches.backward.rowKernelThreads, 256);
-  EXPECT_EQ(spec.kernel("attention_backward").loweredNames.at("sm_90"),
+  EXPECT_EQ(spec.kernel(bundle::KernelRole::AttentionBackward).loweredNames.at("sm_90"),
             "_Zattention_backward_sm_90");
   EXPECT_EQ(spec.binaries.at("sm_90").cubinFile, "windowed_softcap.sm_90.cubin");
   EXPECT_EQ(bundle->readVerified(spec.binaries.at("sm_90").cubinFile,
@@ -273,7 +274,7 @@ TEST(KernelBundle, OpensAndDescribesItsSpecs) {
             "cubin bytes of windowed_softcap for sm_90");
   EXPECT_FALSE(launches.forwardSm90.has_value());
   EXPECT_FALSE(launches.backwardSm90.has_value());
-  EXPECT_FALSE(spec.hasKernel("attention_forward_sm90", "sm_90a"));
+  EXPECT_FALSE(spec.hasKernel(bundle::KernelRole::AttentionForwardSm90, "sm_90a"));
   // The constants travel with the binary: the same manifest entry as
   // attentionLaunches gives for the arch.
   EXPECT_EQ(bundle->attentionLaunches(spec, "sm_90"), launches);
@@ -393,17 +394,20 @@ TEST(KernelBundle, HopperKernelsArePerArch) {
   EXPECT_FALSE(sm120.forwardSm90 || sm120.backwardSm90);
   EXPECT_EQ(sm120.forward.blockM, 16);
   EXPECT_EQ(sm120.backward.blockN, 16);
-  EXPECT_EQ(spec.kernel("attention_backward_sm90").requiredTarget, "sm_90a");
-  EXPECT_EQ(spec.kernel("attention_backward_sm90").loweredNames,
+  EXPECT_EQ(std::string(bundle::kernelRole(bundle::KernelRole::AttentionBackwardSm90).requiredTarget),
+            "sm_90a");
+  EXPECT_EQ(spec.kernel(bundle::KernelRole::AttentionBackwardSm90).loweredNames,
             (std::map<std::string, std::string>{{"sm_90a", "_Zattention_backward_sm90_sm_90a"}}));
-  EXPECT_EQ(spec.kernel("attention_backward").loweredNames.size(), 2u);
-  for (const char *role : {"attention_forward_sm90", "attention_backward_grad_q_sm90"}) {
-    EXPECT_TRUE(spec.hasKernel(role, "sm_90a")) << role;
-    EXPECT_TRUE(spec.hasKernel(role, "compute_90a")) << role;
-    EXPECT_FALSE(spec.hasKernel(role, "sm_90")) << role;
-    EXPECT_FALSE(spec.hasKernel(role, "sm_120")) << role;
+  EXPECT_EQ(spec.kernel(bundle::KernelRole::AttentionBackward).loweredNames.size(), 2u);
+  for (bundle::KernelRole role :
+       {bundle::KernelRole::AttentionForwardSm90, bundle::KernelRole::AttentionBackwardGradQSm90}) {
+    const std::string name = bundle::roleName(role);
+    EXPECT_TRUE(spec.hasKernel(role, "sm_90a")) << name;
+    EXPECT_TRUE(spec.hasKernel(role, "compute_90a")) << name;
+    EXPECT_FALSE(spec.hasKernel(role, "sm_90")) << name;
+    EXPECT_FALSE(spec.hasKernel(role, "sm_120")) << name;
   }
-  EXPECT_TRUE(spec.hasKernel("attention_forward", "sm_120"));
+  EXPECT_TRUE(spec.hasKernel(bundle::KernelRole::AttentionForward, "sm_120"));
 }
 
 TEST(KernelBundle, BadHopperManifestsAreNamedAndExplained) {

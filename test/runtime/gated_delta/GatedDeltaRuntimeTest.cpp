@@ -22,6 +22,7 @@
 
 using namespace dflex;
 using namespace dflex::runtime;
+namespace bundle = dflex::bundle;
 using dflex::FormatError;
 using dflex::IoError;
 using dflex::runtime::test::expectError;
@@ -76,8 +77,8 @@ std::vector<std::string> rolesOf(const SpecOptions &s) {
 /// stand-in binaries); `edit` may alter the manifest first.
 void writeBundle(const std::string &directory, const std::function<void(JsonValue &)> &edit = {}) {
   JsonValue manifest = JsonValue::object();
-  manifest["format_version"] = codegen::kBundleFormatVersion;
-  manifest["template_version"] = codegen::kTemplateVersion;
+  manifest["format_version"] = bundle::kBundleFormatVersion;
+  manifest["template_version"] = bundle::kTemplateVersion;
   JsonValue modules = JsonValue::array();
   for (const SpecOptions &s : bundleSpecs()) {
     JsonValue module = JsonValue::object();
@@ -184,11 +185,11 @@ TEST(GatedDeltaBundle, OpensAndDescribesItsSpecs) {
   EXPECT_EQ(hopper.chunkBackwardThreads, 256);
   EXPECT_EQ(hopper.stateThreads, 256);
   EXPECT_EQ(hopper.valueBlock, 32);
-  EXPECT_EQ(hopper.sharedBytes.at("gated_delta_backward_chunk"), 84352);
+  EXPECT_EQ(hopper.sharedBytes.at(bundle::KernelRole::GatedDeltaBackwardChunk), 84352);
   EXPECT_EQ(hopper.sharedBytes.size(), 6u);
   // Each binary's own constants.
   EXPECT_EQ(spec.launches.at("sm_120").valueBlock, 16);
-  EXPECT_EQ(spec.kernel("gated_delta_backward_gate_params").loweredNames.at("sm_90a"),
+  EXPECT_EQ(spec.kernel(bundle::KernelRole::GatedDeltaBackwardGateParams).loweredNames.at("sm_90a"),
             "_Zgated_delta_backward_gate_params_sm_90a");
   const GatedDeltaKernelSpec &plain = bundle->spec("plain");
   EXPECT_EQ(plain.gate, "none");
@@ -207,7 +208,7 @@ TEST(GatedDeltaBundle, KernelImageIsTheCubinOfTheArch) {
   const KernelImage image = bundle->kernelImage(spec, "sm_90");
   EXPECT_EQ(image.image, "cubin bytes of model for sm_90a");
   EXPECT_EQ(image.arch, "sm_90a");
-  EXPECT_EQ(image.loweredNames.at("gated_delta_forward_state"), "_Zgated_delta_forward_state_sm_90a");
+  EXPECT_EQ(image.loweredNames.at(bundle::KernelRole::GatedDeltaForwardState), "_Zgated_delta_forward_state_sm_90a");
   EXPECT_EQ(bundle->kernelImage(spec, "sm_120").arch, "sm_120");
   expectError<FormatError>([&] { bundle->kernelImage(spec, "sm_100"); },
                            {"'model'", "no cubin for sm_100", "it has: sm_120, sm_90a", "--arch sm_100"});

@@ -9,26 +9,29 @@
 //===----------------------------------------------------------------------===//
 
 #include "../Conversion/DFlexToProgram/TestUtil.h"
-#include "dflex/Codegen/Attention.h"
-#include "dflex/Codegen/KernelSources.h"
+#include "dflex/Bundle/CompileRequest.h"
+#include "dflex/Codegen/AttentionModule.h"
 #include "dflex/Compile/Nvrtc.h"
 #include "dflex/Compile/PtxConstants.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 using namespace dflex;
 
 namespace {
 
-/// The values of `constants` in `ptx`, or the error of reading them.
-Result<std::vector<int64_t>> read(const std::string &ptx, const codegen::LaunchConstants &constants) {
-  return compile::readPtxIntArray(ptx, constants.symbol, constants.names.size());
+/// The values of `array` in `ptx`, or the error of reading them.
+Result<std::vector<int64_t>> read(const std::string &ptx, bundle::LaunchArray array) {
+  const bundle::LaunchArrayInfo &info = bundle::launchArray(array);
+  return compile::readPtxIntArray(ptx, info.symbol, info.names.size());
 }
 
 TEST(CodegenAttention, EachArchsBinaryHasTheConfigsOfItsComputeCapability) {
   auto loaded = test::LoadedModule::fromFile(DFLEX_EXAMPLES_DIR "/causal.mlir");
   ASSERT_TRUE(loaded.module);
-  codegen::AttentionSpec spec;
+  bundle::AttentionSpec spec;
   spec.name = "causal_attention";
   spec.numQHeads = 32;
   spec.numKvHeads = 8;
@@ -58,24 +61,20 @@ TEST(CodegenAttention, EachArchsBinaryHasTheConfigsOfItsComputeCapability) {
   std::map<std::string, std::string> forwardKernel; // arch -> lowered name
   for (const Expected &target : expected) {
     SCOPED_TRACE(target.arch);
-    compile::CompileRequest request;
-    request.source = module.value().source;
-    request.programName = spec.name + ".cu";
-    request.options = {"-std=c++17"};
-    for (const codegen::EmbeddedHeader &header : codegen::kernelHeaders())
-      request.headers.push_back({header.name, header.contents});
-    for (const codegen::KernelEntry &kernel : module.value().kernels)
-      if (codegen::buildsFor(kernel.requiredTarget, target.arch))
-        request.nameExpressions.push_back(kernel.nameExpression);
+    const compile::CompileRequest request = bundle::compileRequest(
+        spec.name, module.value().source, module.value().kernels, target.arch);
     Result<compile::ArchBinary> binary = compile::compileForArch(request, target.arch);
     ASSERT_TRUE(binary.ok()) << binary.error();
-    for (const codegen::LaunchConstants &constants : module.value().launchConstants) {
-      if (constants.symbol == "dflex_tile_classify_launch")
-        continue;
-      SCOPED_TRACE(constants.symbol);
-      Result<std::vector<int64_t>> values = read(binary.value().ptx, constants);
-      auto wanted = target.launch.find(constants.symbol);
-      EXPECT_EQ(codegen::buildsFor(constants.requiredTarget, target.arch),
+    const std::vector<bundle::LaunchArray> built =
+        bundle::launchArraysOf(module.value().kernels, target.arch);
+    for (bundle::LaunchArray array :
+         {bundle::LaunchArray::Forward, bundle::LaunchArray::Backward,
+          bundle::LaunchArray::ForwardSm90, bundle::LaunchArray::BackwardSm90}) {
+      const std::string symbol = bundle::launchArray(array).symbol;
+      SCOPED_TRACE(symbol);
+      Result<std::vector<int64_t>> values = read(binary.value().ptx, array);
+      auto wanted = target.launch.find(symbol);
+      EXPECT_EQ(std::count(built.begin(), built.end(), array) == 1,
                 wanted != target.launch.end());
       if (wanted == target.launch.end()) {
         EXPECT_FALSE(values.ok()) << "a binary without the kernels has their constants";

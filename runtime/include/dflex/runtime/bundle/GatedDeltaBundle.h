@@ -3,7 +3,6 @@
 // manifest's gated_delta modules. No LibTorch here.
 #pragma once
 
-#include "dflex/Codegen/GatedDelta.h"
 #include "dflex/runtime/bundle/KernelBundle.h"
 
 #include <cstdint>
@@ -24,14 +23,15 @@ struct GatedDeltaLaunch {
   int64_t finalizeThreads = 0;      // grouped-head finalize, gate parameters
   int64_t chunk = 0;                // tokens per chunk
   int64_t valueBlock = 0;           // value columns per block of the state kernels
-  /// Dynamic shared memory by kernel role ("gated_delta_forward_prepare",
-  /// ...); the other kernels have static shared memory only.
-  std::map<std::string, int64_t> sharedBytes;
+  /// Dynamic shared memory by kernel role (the roles whose
+  /// bundle::KernelRoleInfo names a shared-bytes constant); the other
+  /// kernels have static shared memory only.
+  std::map<bundle::KernelRole, int64_t> sharedBytes;
 };
 
 /// A dflex.gated_delta spec of a bundle (its compile-time options) and
 /// everything needed to run it.
-struct GatedDeltaKernelSpec : codegen::GatedDeltaSpec {
+struct GatedDeltaKernelSpec : bundle::GatedDeltaSpec {
   std::vector<BundleKernel> kernels;
   std::map<std::string, BundleBinary> binaries; // arch -> files
   /// arch -> the launch constants of the bundle's binary for it (read from
@@ -40,7 +40,7 @@ struct GatedDeltaKernelSpec : codegen::GatedDeltaSpec {
   std::string sourceFile, sourceSha256;
 
   /// Throws FormatError naming the spec when it has no such kernel.
-  const BundleKernel &kernel(const std::string &role) const;
+  const BundleKernel &kernel(bundle::KernelRole role) const;
 };
 
 /// The gated-delta specs of a kernel bundle. KernelBundle opens the bundle

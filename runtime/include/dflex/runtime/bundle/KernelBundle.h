@@ -7,7 +7,8 @@
 // re-verified) only when a device needs them.
 #pragma once
 
-#include "dflex/Codegen/Attention.h"
+#include "dflex/Bundle/KernelRoles.h"
+#include "dflex/Bundle/Specs.h"
 #include "dflex/Codegen/Variant.h"
 #include "dflex/Expr/Program.h"
 
@@ -51,12 +52,11 @@ struct AttentionLaunches {
   bool operator!=(const AttentionLaunches &other) const { return !(*this == other); }
 };
 
-/// One __global__ function of a module.
+/// One __global__ function of a module (its required target is its role's,
+/// bundle::kernelRole).
 struct BundleKernel {
-  std::string role;           // "attention_forward", ...
+  bundle::KernelRole role;
   std::string nameExpression; // what NVRTC lowers
-  /// The arch-specific target it needs ("sm_90a"), empty for every arch.
-  std::string requiredTarget;
   std::map<std::string, std::string> loweredNames; // arch -> mangled name, archs that have it
 };
 
@@ -90,7 +90,7 @@ private:
   std::vector<std::unique_ptr<analysis::IntervalEvaluator>> kept_;
 };
 
-struct AttentionKernelSpec : codegen::AttentionSpec {
+struct AttentionKernelSpec : bundle::AttentionSpec {
   expr::Program mask;
   std::optional<expr::Program> scoreMod; // carries its derivative
   /// Capture slots of the kernels' variant: the order of the op's capture
@@ -106,12 +106,12 @@ struct AttentionKernelSpec : codegen::AttentionSpec {
   /// The mask's evaluators for tile lists (shared by copies of the spec).
   std::shared_ptr<MaskEvaluatorPool> maskEvaluators = std::make_shared<MaskEvaluatorPool>();
 
-  const BundleKernel &kernel(const std::string &role) const;
+  const BundleKernel &kernel(bundle::KernelRole role) const;
   /// Whether the spec has a kernel of `role` (in some arch's binary).
-  bool hasRole(const std::string &role) const;
+  bool hasRole(bundle::KernelRole role) const;
   /// Whether a binary for `arch` (the bundle's, or the source compiled for
   /// it) has the kernel of `role`.
-  bool hasKernel(const std::string &role, const std::string &arch) const;
+  bool hasKernel(bundle::KernelRole role, const std::string &arch) const;
   std::vector<std::string> captureNames() const;
 };
 
@@ -120,7 +120,7 @@ struct KernelImage {
   std::string image;                               // cubin bytes
   std::string arch;                                // the arch it was compiled for
   std::string label;                               // where it came from, for errors
-  std::map<std::string, std::string> loweredNames; // role -> mangled name
+  std::map<bundle::KernelRole, std::string> loweredNames; // role -> mangled name
   bool compiled = false;                           // compiled from source at run time
 };
 

@@ -1,10 +1,14 @@
-//===- Attention.cpp - attention kernels from a dflex.attention spec ------===//
+//===- AttentionModule.cpp - Attention kernels of a dflex.attention spec ---===//
 
-#include "dflex/Codegen/Attention.h"
+#include "dflex/Codegen/AttentionModule.h"
 
 #include <sstream>
 
 namespace dflex::codegen {
+
+using bundle::KernelRole;
+using bundle::LaunchArray;
+using bundle::moduleKernel;
 
 namespace {
 
@@ -14,21 +18,11 @@ constexpr const char *kSm90Guard = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n";
 
 } // namespace
 
-bool buildsFor(std::string_view requiredTarget, std::string_view arch) {
-  if (requiredTarget.empty())
-    return true;
-  if (arch == requiredTarget)
-    return true;
-  // "sm_90a" -> also "compute_90a" (PTX only, same features).
-  return requiredTarget.substr(0, 3) == "sm_" && arch.substr(0, 8) == "compute_" &&
-         arch.substr(8) == requiredTarget.substr(3);
-}
-
 Sm90Kernels sm90KernelsFor(int64_t headDim) {
   return {headDim == 64 || headDim == 128, headDim == 128};
 }
 
-Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
+Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
                                           const expr::Program &mask,
                                           const expr::Program *scoreMod,
                                           const std::string &sourceName) {
@@ -69,11 +63,12 @@ Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
            << element << ", " << headDim << ">;\n#endif\n";
   source << "\n} // namespace dflex_generated\n\n";
 
-  // Launch constants of one pass's main kernel, in the order of
-  // kForwardLaunchNames / kBackwardLaunchNames.
-  auto launchArray = [&](const std::string &symbol, const std::string &config, bool backward) {
-    source << "extern \"C\" __device__ const int " << symbol << "["
-           << (backward ? kBackwardLaunchNames.size() : kForwardLaunchNames.size()) << "] = {\n"
+  // Launch constants of one pass's main kernel, in the order of its
+  // launch array's names (bundle::launchArray).
+  auto launchArray = [&](LaunchArray array, const std::string &config, bool backward) {
+    const bundle::LaunchArrayInfo &info = bundle::launchArray(array);
+    source << "extern \"C\" __device__ const int " << info.symbol << "[" << info.names.size()
+           << "] = {\n"
            << "    " << config << "::kThreads, " << config << "::kSharedBytes,\n"
            << "    " << config << "::kBlockM, " << config << "::kBlockN"
            << (backward ? ",\n    ::dflex::kernels::kRowKernelThreads};\n" : "};\n");
@@ -81,15 +76,16 @@ Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
   source << "// Launch constants, read back from each arch's compiled module:\n"
          << "// threads per block, dynamic shared bytes, query tile, key tile\n"
          << "// (backward: and threads of the row kernels).\n";
-  launchArray("dflex_forward_launch", "dflex_generated::Configs::Forward", false);
-  launchArray("dflex_backward_launch", "dflex_generated::Configs::Backward", true);
-  source << "extern \"C\" __device__ const int dflex_tile_classify_launch[1] = {\n"
+  launchArray(LaunchArray::Forward, "dflex_generated::Configs::Forward", false);
+  launchArray(LaunchArray::Backward, "dflex_generated::Configs::Backward", true);
+  source << "extern \"C\" __device__ const int "
+         << bundle::launchArray(LaunchArray::TileClassify).symbol << "[1] = {\n"
          << "    ::dflex::kernels::kTileClassifyThreads};\n";
   if (sm90.forward) {
     source << kSm90Guard;
-    launchArray("dflex_forward_sm90_launch", "dflex_generated::Sm90Configs::Forward", false);
+    launchArray(LaunchArray::ForwardSm90, "dflex_generated::Sm90Configs::Forward", false);
     if (sm90.backward)
-      launchArray("dflex_backward_sm90_launch", "dflex_generated::Sm90Configs::Backward", true);
+      launchArray(LaunchArray::BackwardSm90, "dflex_generated::Sm90Configs::Backward", true);
     source << "#endif\n";
   }
 
@@ -102,50 +98,21 @@ Result<GeneratedModule> generateAttention(const AttentionSpec &spec,
   const std::string forward = "dflex_generated::Configs::Forward";
   const std::string backward = "dflex_generated::Configs::Backward";
   module.kernels = {
-      {"attention_forward",
-       "dflex::kernels::attention_forward_kernel<" + forward + ", " + variant + ">"},
-      {"attention_backward_preprocess",
-       "dflex::kernels::attention_backward_preprocess_kernel<" + backward + ">"},
-      {"attention_backward",
-       "dflex::kernels::attention_backward_kernel<" + backward + ", " + variant + ">"},
-      {"attention_backward_grad_q",
-       "dflex::kernels::attention_backward_grad_q_kernel<" + backward + ">"},
-      {"tile_classify", "dflex::kernels::tile_classify_kernel<" + variant + ">"},
+      moduleKernel(KernelRole::AttentionForward, forward + ", " + variant),
+      moduleKernel(KernelRole::AttentionBackwardPreprocess, backward),
+      moduleKernel(KernelRole::AttentionBackward, backward + ", " + variant),
+      moduleKernel(KernelRole::AttentionBackwardGradQ, backward),
+      moduleKernel(KernelRole::TileClassify, variant),
   };
-  const std::vector<std::string> forwardNames(kForwardLaunchNames.begin(),
-                                              kForwardLaunchNames.end());
-  const std::vector<std::string> backwardNames(kBackwardLaunchNames.begin(),
-                                               kBackwardLaunchNames.end());
-  module.launchConstants = {
-      {"dflex_forward_launch", forwardNames},
-      {"dflex_backward_launch", backwardNames},
-      {"dflex_tile_classify_launch", {"threads"}},
-  };
-  if (sm90.forward) {
-    const std::string sm90Forward = "dflex_generated::Sm90Configs::Forward";
-    module.kernels.push_back({"attention_forward_sm90",
-                              "dflex::kernels::attention_forward_sm90_kernel<" + sm90Forward +
-                                  ", " + variant + ">",
-                              kSm90Target});
-    module.launchConstants.push_back({"dflex_forward_sm90_launch", forwardNames, kSm90Target});
-  }
+  if (sm90.forward)
+    module.kernels.push_back(moduleKernel(KernelRole::AttentionForwardSm90,
+                                          "dflex_generated::Sm90Configs::Forward, " + variant));
   if (sm90.backward) {
-    // Its own preprocess (the same code, instantiated with the Hopper config)
-    // and dQ conversion: the Hopper dQ accumulator has its own layout.
     const std::string sm90Backward = "dflex_generated::Sm90Configs::Backward";
-    module.kernels.push_back({"attention_backward_preprocess_sm90",
-                              "dflex::kernels::attention_backward_preprocess_kernel<" +
-                                  sm90Backward + ">",
-                              kSm90Target});
-    module.kernels.push_back({"attention_backward_sm90",
-                              "dflex::kernels::attention_backward_sm90_kernel<" + sm90Backward +
-                                  ", " + variant + ">",
-                              kSm90Target});
-    module.kernels.push_back({"attention_backward_grad_q_sm90",
-                              "dflex::kernels::attention_backward_grad_q_sm90_kernel<" +
-                                  sm90Backward + ">",
-                              kSm90Target});
-    module.launchConstants.push_back({"dflex_backward_sm90_launch", backwardNames, kSm90Target});
+    module.kernels.push_back(moduleKernel(KernelRole::AttentionBackwardPreprocessSm90, sm90Backward));
+    module.kernels.push_back(
+        moduleKernel(KernelRole::AttentionBackwardSm90, sm90Backward + ", " + variant));
+    module.kernels.push_back(moduleKernel(KernelRole::AttentionBackwardGradQSm90, sm90Backward));
   }
   return module;
 }

@@ -1,8 +1,8 @@
-//===- Bundle.cpp - writing kernel bundles --------------------------------===//
+//===- BundleWriter.cpp - Writing kernel bundles --------------------------===//
 
-#include "Bundle.h"
+#include "dflex/Bundle/BundleWriter.h"
 
-#include "dflex/Compile/Nvrtc.h"
+#include "dflex/Bundle/Specs.h"
 #include "dflex/Support/File.h"
 #include "dflex/Support/Sha256.h"
 
@@ -13,7 +13,7 @@
 
 namespace fs = std::filesystem;
 
-namespace dflex::tools {
+namespace dflex::bundle {
 
 namespace {
 
@@ -62,8 +62,8 @@ Status writeBundle(const std::string &directory, const std::string &sourcePath,
     return status;
 
   JsonValue manifest = JsonValue::object();
-  manifest["format_version"] = codegen::kBundleFormatVersion;
-  manifest["template_version"] = codegen::kTemplateVersion;
+  manifest["format_version"] = kBundleFormatVersion;
+  manifest["template_version"] = kTemplateVersion;
   manifest["source"] = fs::path(sourcePath).filename().string();
   manifest["source_sha256"] = Sha256::hexDigest(sourceText);
   Result<std::string> nvrtc = compile::nvrtcVersion();
@@ -76,33 +76,34 @@ Status writeBundle(const std::string &directory, const std::string &sourcePath,
   Status status = Status::success();
   JsonValue moduleList = JsonValue::array();
   for (const CompiledModule &module : modules) {
-    const std::string base = codegen::sanitizeIdentifier(module.generated.name);
+    const std::string &base = module.fileStem;
     JsonValue m = JsonValue::object();
-    m["name"] = module.generated.name;
-    m["kind"] = module.generated.kind;
+    m["name"] = module.name;
+    m["kind"] = module.kind;
     m["spec"] = module.spec;
     m["source_file"] = base + ".cu";
-    m["source_sha256"] = Sha256::hexDigest(module.generated.source);
-    m["variant"] = codegen::toJson(module.generated.layout);
+    m["source_sha256"] = Sha256::hexDigest(module.source);
+    m["variant"] = module.variant;
     JsonValue programs = JsonValue::array();
     for (const JsonValue &program : module.programs)
       programs.push(program);
     m["programs"] = std::move(programs);
-    status = write(staging / (base + ".cu"), module.generated.source);
+    status = write(staging / (base + ".cu"), module.source);
     if (!status.ok())
       break;
 
     JsonValue kernels = JsonValue::array();
-    for (const codegen::KernelEntry &kernel : module.generated.kernels) {
+    for (const ModuleKernel &kernel : module.kernels) {
+      const KernelRoleInfo &role = kernelRole(kernel.role);
       JsonValue k = JsonValue::object();
-      k["role"] = kernel.role;
+      k["role"] = role.name;
       k["name_expression"] = kernel.nameExpression;
-      if (!kernel.requiredTarget.empty())
-        k["required_target"] = kernel.requiredTarget;
+      if (*role.requiredTarget)
+        k["required_target"] = role.requiredTarget;
       // The archs whose binaries have the kernel.
       JsonValue perArch = JsonValue::object();
       for (const compile::ArchBinary &binary : module.binaries) {
-        if (!codegen::buildsFor(kernel.requiredTarget, binary.arch))
+        if (!buildsFor(kernel.role, binary.arch))
           continue;
         JsonValue a = JsonValue::object();
         std::string lowered = binary.loweredName(kernel.nameExpression);
@@ -158,4 +159,4 @@ Status writeBundle(const std::string &directory, const std::string &sourcePath,
   return status;
 }
 
-} // namespace dflex::tools
+} // namespace dflex::bundle

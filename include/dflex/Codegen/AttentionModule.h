@@ -1,0 +1,49 @@
+//===- AttentionModule.h - Attention kernels of a dflex.attention spec -*- C++ -*-===//
+
+#ifndef DFLEX_CODEGEN_ATTENTIONMODULE_H
+#define DFLEX_CODEGEN_ATTENTIONMODULE_H
+
+#include "dflex/Bundle/KernelRoles.h"
+#include "dflex/Bundle/Specs.h"
+#include "dflex/Codegen/Variant.h"
+#include "dflex/Expr/Program.h"
+
+#include <string>
+#include <vector>
+
+namespace dflex::codegen {
+
+/// A module of generated CUDA source: one spec's kernels. Its launch arrays
+/// are those of its kernels' roles (bundle::launchArraysOf).
+struct GeneratedModule {
+  std::string name;   // the spec's symbol
+  std::string kind;   // "attention" or "gated_delta"
+  std::string source; // complete CUDA C++, including the kernel templates
+  std::vector<bundle::ModuleKernel> kernels;
+  VariantLayout layout;
+};
+
+/// Which Hopper kernels exist for a head dim (Sm90AttentionConfigs in
+/// kernels/attention/sm90/config.cuh): a forward for 64 and 128, a backward
+/// for 128. Other head dims run the portable kernels only.
+struct Sm90Kernels {
+  bool forward = false;
+  bool backward = false;
+};
+Sm90Kernels sm90KernelsFor(int64_t headDim);
+
+/// Generates the forward and backward attention kernels of `spec`: the
+/// portable kernels for every arch (with the DefaultAttentionConfigs of the
+/// compute capability each binary is compiled for), and for head dims that
+/// have them the Hopper kernels for sm_90a (roles with an "_sm90" suffix,
+/// their own launch constants; bundle::kSm90Target). `mask` and `scoreMod`
+/// are lowered bodies; `scoreMod`, when present, must carry its derivative
+/// (appendScoreDerivative).
+Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
+                                          const expr::Program &mask,
+                                          const expr::Program *scoreMod,
+                                          const std::string &sourceName);
+
+} // namespace dflex::codegen
+
+#endif // DFLEX_CODEGEN_ATTENTIONMODULE_H
