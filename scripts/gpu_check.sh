@@ -24,11 +24,23 @@ step() { # name command...
   tail -n 25 "$logs/$name.log"
 }
 
+# The machine has no package registry: where it lacks the headers of the
+# libraries lib/Support builds on (OpenSSL, ISA-L), the Debian packages
+# prepare_gpu.sh put in .device/debs are unpacked into .device/sysroot.
+library_prefix() {
+  if [ -f /usr/include/openssl/evp.h ] && [ -f /usr/include/isa-l/crc.h ]; then return; fi
+  rm -rf .device/sysroot && mkdir -p .device/sysroot
+  for deb in .device/debs/*.deb; do dpkg -x "$deb" .device/sysroot; done
+  echo "-DCMAKE_PREFIX_PATH=$root/.device/sysroot/usr -DOPENSSL_ROOT_DIR=$root/.device/sysroot/usr"
+}
+
 build_runtime() {
-  local tests=ON
+  local tests=ON prefix
+  prefix=$(library_prefix)
   python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDFLEX_BUILD_COMPILER=OFF \
-        -DDFLEX_BUILD_TESTS=$tests || { tests=OFF; cmake -S . -B build-gpu -G Ninja \
+  # shellcheck disable=SC2086 # the prefix is a list of arguments
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDFLEX_BUILD_COMPILER=OFF $prefix \
+        -DDFLEX_BUILD_TESTS=$tests || { tests=OFF; cmake -S . -B build-gpu -G Ninja $prefix \
         -DCMAKE_BUILD_TYPE=Release -DDFLEX_BUILD_COMPILER=OFF -DDFLEX_BUILD_TESTS=OFF; } &&
     ninja -C build-gpu -j "$jobs"
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with MLIR: builds the compiler and compiles every example and
 # benchmark spec into kernel bundles under .device/bundles (git-ignored), the
-# folder the GPU machine receives (carry it) for scripts/gpu_check.sh.
+# folder the GPU machine receives (carry it) for scripts/gpu_check.sh, with
+# the Debian packages of the build's libraries under .device/debs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${DFLEX_BUILD_DIR:-$root/build}
@@ -16,4 +17,10 @@ for spec in "$root"/examples/*.mlir "$root"/bench/specs/*.mlir \
   "$build/bin/dflex-compile" "$spec" --arch sm_90a --arch sm_120 --quiet \
     -o "$root/.device/bundles/$(basename "$spec" .mlir)"
 done
-du -sh "$root/.device/bundles"
+# The Debian libraries lib/Support builds on (scripts/setup.sh), for a GPU
+# machine that has no package registry: gpu_check.sh unpacks them there when
+# the machine lacks their headers.
+rm -rf "$root/.device/debs"
+mkdir -p "$root/.device/debs"
+(cd "$root/.device/debs" && apt-get download -q libssl-dev libssl3 libisal-dev libisal2 2>/dev/null)
+du -sh "$root/.device/bundles" "$root/.device/debs"

@@ -1,6 +1,7 @@
 #include "dflex/runtime/data/TokenData.h"
 
 #include "dflex/Support/JsonObject.h"
+#include "dflex/Support/Crc32c.h"
 #include "dflex/Support/Json.h"
 #include "dflex/Support/Error.h"
 #include "dflex/runtime/support/FileIo.h"
@@ -25,17 +26,6 @@ constexpr uint64_t kShardHeaderBytes = 64;
 constexpr uint64_t kTableEntryBytes = 16;
 constexpr const char *kIndexName = "dataset.json";
 constexpr const char *kFormatName = "dflex-tokens";
-
-std::array<uint32_t, 256> makeCrcTable() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t crc = i;
-    for (int bit = 0; bit < 8; ++bit)
-      crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
-    table[i] = crc;
-  }
-  return table;
-}
 
 void putU32(uint8_t *out, uint32_t value) {
   for (int i = 0; i < 4; ++i)
@@ -77,15 +67,6 @@ std::string shardFileName(size_t index) {
 }
 
 } // namespace
-
-uint32_t crc32c(const void *data, size_t size, uint32_t crc) {
-  static const std::array<uint32_t, 256> table = makeCrcTable();
-  const uint8_t *bytes = static_cast<const uint8_t *>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < size; ++i)
-    crc = table[(crc ^ bytes[i]) & 0xff] ^ (crc >> 8);
-  return ~crc;
-}
 
 void validateSample(const TokenSample &sample, int64_t vocabSize,
                     const std::string &origin) {

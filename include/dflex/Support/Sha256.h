@@ -1,4 +1,4 @@
-//===- Sha256.h - SHA-256 (FIPS 180-4) --------------------------------------===//
+//===- Sha256.h - SHA-256 (FIPS 180-4), computed by OpenSSL -----------------===//
 #ifndef DFLEX_SUPPORT_SHA256_H
 #define DFLEX_SUPPORT_SHA256_H
 
@@ -8,14 +8,24 @@
 #include <string>
 #include <string_view>
 
+// OpenSSL's EVP_MD_CTX, declared here so that callers need no OpenSSL headers.
+struct evp_md_ctx_st;
+
 namespace dflex {
 
-/// Incremental SHA-256 as specified in FIPS 180-4, section 6.2.
+/// Incremental SHA-256 (FIPS 180-4) over OpenSSL's libcrypto. Copying a
+/// hasher copies its state, so a copy can finish while the original goes on.
+/// OpenSSL failing to hash (it fails only when out of memory or when its
+/// providers cannot be loaded) ends the process with a message on stderr.
 class Sha256 {
 public:
   using Digest = std::array<uint8_t, 32>;
 
   Sha256();
+  Sha256(const Sha256 &other);
+  Sha256 &operator=(const Sha256 &other);
+  ~Sha256();
+
   void update(const void *data, size_t size);
   void update(std::string_view bytes) { update(bytes.data(), bytes.size()); }
   /// Pads the message and returns the digest; the object must not be used
@@ -29,12 +39,7 @@ public:
   static std::string hexDigest(std::string_view bytes);
 
 private:
-  void compressBlock(const uint8_t *block);
-
-  std::array<uint32_t, 8> state_;
-  std::array<uint8_t, 64> buffer_;
-  size_t buffered_ = 0;
-  uint64_t messageBytes_ = 0;
+  evp_md_ctx_st *context_;
 };
 
 /// The digest as 64 lowercase hex digits.

@@ -80,12 +80,6 @@ uint64_t residentBytes() {
 
 } // namespace
 
-TEST(TokenData, Crc32cMatchesTheStandardCheckValue) {
-  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
-  // Incremental use gives the same result.
-  EXPECT_EQ(crc32c("6789", 4, crc32c("12345", 5)), 0xE3069283u);
-}
-
 TEST(TokenData, ReadsJsonl) {
   TempDir dir;
   std::string path = dir.file("a.jsonl");

@@ -72,6 +72,21 @@ TEST(Sha256, ResetStartsOver) {
   EXPECT_EQ(toHex(hasher.finish()), Sha256::hexDigest("abc"));
 }
 
+// Cache keys finish a copy and keep adding to the original.
+TEST(Sha256, CopiesAreIndependent) {
+  Sha256 hasher;
+  hasher.update("ab");
+  Sha256 copy = hasher;
+  hasher.update("c");
+  EXPECT_EQ(toHex(copy.finish()), Sha256::hexDigest("ab"));
+  Sha256 assigned;
+  assigned.update("unrelated");
+  assigned = hasher;
+  hasher.update("d");
+  EXPECT_EQ(toHex(assigned.finish()), Sha256::hexDigest("abc"));
+  EXPECT_EQ(toHex(hasher.finish()), Sha256::hexDigest("abcd"));
+}
+
 TEST(Hex, RoundTripAndErrors) {
   std::string bytes("\x00\x01\x7f\x80\xff", 5);
   EXPECT_EQ(toHex(bytes), "00017f80ff");

@@ -60,9 +60,6 @@ private:
 // Binary sharded datasets
 //===----------------------------------------------------------------------===//
 
-/// CRC-32C (Castagnoli), the checksum of shard headers, tables and samples.
-uint32_t crc32c(const void *data, size_t size, uint32_t crc = 0);
-
 struct TokenShardInfo {
   std::string file; ///< name inside the dataset directory
   uint64_t numSamples = 0;
