@@ -28,9 +28,14 @@ step() { # name command...
 # libraries lib/Support builds on (OpenSSL, ISA-L), the Debian packages
 # prepare_gpu.sh put in .device/debs are unpacked into .device/sysroot.
 library_prefix() {
-  if [ -f /usr/include/openssl/evp.h ] && [ -f /usr/include/isa-l/crc.h ]; then return; fi
+  local missing=()
+  [ -f /usr/include/openssl/evp.h ] || missing+=(libssl)
+  [ -f /usr/include/isa-l/crc.h ] || missing+=(libisal)
+  [ "${#missing[@]}" -gt 0 ] || return 0
   rm -rf .device/sysroot && mkdir -p .device/sysroot
-  for deb in .device/debs/*.deb; do dpkg -x "$deb" .device/sysroot; done
+  for package in "${missing[@]}"; do
+    for deb in .device/debs/"$package"*.deb; do dpkg -x "$deb" .device/sysroot; done
+  done
   echo "-DCMAKE_PREFIX_PATH=$root/.device/sysroot/usr -DOPENSSL_ROOT_DIR=$root/.device/sysroot/usr"
 }
 
