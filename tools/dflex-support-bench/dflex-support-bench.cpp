@@ -1,4 +1,4 @@
-//===- SupportBench.cpp - Throughput of lib/Support's hashing and JSON -----===//
+//===- dflex-support-bench.cpp - Throughput of lib/Support's hashing and JSON ===//
 //
 // usage: dflex-support-bench [--quick]
 //
