@@ -25,18 +25,20 @@ step() { # name command...
 }
 
 # The machine has no package registry: where it lacks the headers of the
-# libraries lib/Support builds on (OpenSSL, ISA-L), the Debian packages
+# libraries the build links (OpenSSL, ISA-L, yaml-cpp), the Debian packages
 # prepare_gpu.sh put in .device/debs are unpacked into .device/sysroot.
 library_prefix() {
   local missing=()
   [ -f /usr/include/openssl/evp.h ] || missing+=(libssl)
   [ -f /usr/include/isa-l/crc.h ] || missing+=(libisal)
+  [ -f /usr/include/yaml-cpp/yaml.h ] || missing+=(libyaml-cpp)
   [ "${#missing[@]}" -gt 0 ] || return 0
   rm -rf .device/sysroot && mkdir -p .device/sysroot
   for package in "${missing[@]}"; do
     for deb in .device/debs/"$package"*.deb; do dpkg -x "$deb" .device/sysroot; done
   done
-  echo "-DCMAKE_PREFIX_PATH=$root/.device/sysroot/usr -DOPENSSL_ROOT_DIR=$root/.device/sysroot/usr"
+  echo "-DCMAKE_PREFIX_PATH=$root/.device/sysroot/usr -DOPENSSL_ROOT_DIR=$root/.device/sysroot/usr" \
+       "-Dyaml-cpp_DIR=$root/.device/sysroot/usr/lib/x86_64-linux-gnu/cmake/yaml-cpp"
 }
 
 build_runtime() {

@@ -17,10 +17,10 @@ for spec in "$root"/examples/*.mlir "$root"/bench/specs/*.mlir \
   "$build/bin/dflex-compile" "$spec" --arch sm_90a --arch sm_120 --quiet \
     -o "$root/.device/bundles/$(basename "$spec" .mlir)"
 done
-# The Debian libraries lib/Support builds on (scripts/setup.sh), for a GPU
+# The Debian libraries the build links (scripts/setup.sh), for a GPU
 # machine that has no package registry: gpu_check.sh unpacks them there when
 # the machine lacks their headers.
 rm -rf "$root/.device/debs"
 mkdir -p "$root/.device/debs"
-(cd "$root/.device/debs" && apt-get download -q libssl-dev libssl3 libisal-dev libisal2 2>/dev/null)
+(cd "$root/.device/debs" && apt-get download -q libssl-dev libssl3 libisal-dev libisal2 libyaml-cpp-dev libyaml-cpp0.7 2>/dev/null)
 du -sh "$root/.device/bundles" "$root/.device/debs"
