@@ -1,0 +1,79 @@
+// The drafter's optimizer: AdamW with float32 master weights and moments for
+// parameters of any floating dtype (a bf16 drafter trains in bf16 and
+// updates in float32), gradients accumulated in float32 over the micro-steps
+// of one update, global gradient-norm clipping, and a step that refuses
+// non-finite gradients, naming the tensor, without touching any weight. The
+// learning rate follows a linear warmup then a cosine decay to 0.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dflex::runtime {
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.01;
+  double gradClip = 1.0; // 0: no clipping
+};
+
+/// Linear warmup from 0 over `warmupSteps` updates, then cosine decay from
+/// `peak` to 0 at `totalSteps`.
+struct LearningRateSchedule {
+  double peak = 0;
+  int64_t warmupSteps = 0;
+  int64_t totalSteps = 1;
+  /// warmupSteps = ceil(warmupRatio * totalSteps).
+  static LearningRateSchedule warmupCosine(double peak, double warmupRatio, int64_t totalSteps);
+  /// The rate of update `step` (0-based).
+  double at(int64_t step) const;
+};
+
+class DrafterOptimizer {
+public:
+  /// `parameters` by name (Module::named_parameters order); their float32
+  /// master copies start equal to them.
+  DrafterOptimizer(std::vector<std::pair<std::string, torch::Tensor>> parameters,
+                   AdamWOptions options);
+
+  /// Adds the parameters' .grad into the float32 accumulators and clears
+  /// .grad (after each micro-step's backward; parameters without a
+  /// gradient add nothing).
+  void accumulate();
+
+  struct StepResult {
+    double gradNorm = 0;   // of the accumulated gradients, before clipping
+    bool applied = false;  // false: a gradient was NaN or infinite
+    std::string badTensor; // the first such parameter
+  };
+  /// One AdamW update at `learningRate` from the accumulated gradients
+  /// (scaled by `gradScale`, e.g. 1 / micro-steps), clipped to the global
+  /// norm; the parameters get the master weights in their dtype. Non-finite
+  /// gradients skip the update (nothing changes but the accumulators,
+  /// which every step clears).
+  StepResult step(double learningRate, double gradScale = 1.0);
+
+  int64_t updates() const { return updates_; }
+
+  /// Master weights, moments and the update count, by name
+  /// ("master.<p>", "exp_avg.<p>", "exp_avg_sq.<p>", "updates"), on the CPU.
+  std::map<std::string, torch::Tensor> state() const;
+  /// Restores state(); the parameters get the master weights. Throws
+  /// FormatError naming a missing or mis-shaped entry.
+  void loadState(const std::map<std::string, torch::Tensor> &state);
+
+private:
+  struct Slot {
+    std::string name;
+    torch::Tensor parameter, master, grad, expAvg, expAvgSq;
+  };
+  std::vector<Slot> slots_;
+  AdamWOptions options_;
+  int64_t updates_ = 0;
+};
+
+} // namespace dflex::runtime

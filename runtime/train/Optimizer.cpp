@@ -1,0 +1,127 @@
+#include "dflex/runtime/train/Optimizer.h"
+
+#include "dflex/Support/Error.h"
+
+#include <cmath>
+
+namespace dflex::runtime {
+
+LearningRateSchedule LearningRateSchedule::warmupCosine(double peak, double warmupRatio,
+                                                        int64_t totalSteps) {
+  LearningRateSchedule schedule;
+  schedule.peak = peak;
+  schedule.totalSteps = std::max<int64_t>(totalSteps, 1);
+  schedule.warmupSteps = static_cast<int64_t>(std::ceil(warmupRatio * double(schedule.totalSteps)));
+  return schedule;
+}
+
+double LearningRateSchedule::at(int64_t step) const {
+  if (step < warmupSteps)
+    return peak * double(step + 1) / double(warmupSteps);
+  const int64_t decaySteps = std::max<int64_t>(totalSteps - warmupSteps, 1);
+  const double progress = std::min(1.0, double(step - warmupSteps) / double(decaySteps));
+  return peak * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+DrafterOptimizer::DrafterOptimizer(std::vector<std::pair<std::string, torch::Tensor>> parameters,
+                                   AdamWOptions options)
+    : options_(options) {
+  torch::NoGradGuard noGrad;
+  for (auto &[name, parameter] : parameters) {
+    Slot slot;
+    slot.name = name;
+    slot.parameter = parameter;
+    slot.master = parameter.detach().to(torch::kFloat).clone();
+    slot.grad = torch::zeros_like(slot.master);
+    slot.expAvg = torch::zeros_like(slot.master);
+    slot.expAvgSq = torch::zeros_like(slot.master);
+    slots_.push_back(std::move(slot));
+  }
+}
+
+void DrafterOptimizer::accumulate() {
+  torch::NoGradGuard noGrad;
+  for (Slot &slot : slots_) {
+    torch::Tensor &grad = slot.parameter.mutable_grad();
+    if (!grad.defined())
+      continue;
+    slot.grad.add_(grad.to(torch::kFloat));
+    grad = torch::Tensor();
+  }
+}
+
+DrafterOptimizer::StepResult DrafterOptimizer::step(double learningRate, double gradScale) {
+  torch::NoGradGuard noGrad;
+  StepResult result;
+  // The global norm and the first non-finite gradient, in one pass.
+  double squares = 0;
+  for (Slot &slot : slots_) {
+    if (gradScale != 1.0)
+      slot.grad.mul_(gradScale);
+    const double sum = slot.grad.to(torch::kDouble).pow(2).sum().item<double>();
+    if (!std::isfinite(sum) && result.badTensor.empty())
+      result.badTensor = slot.name;
+    squares += sum;
+  }
+  result.gradNorm = std::sqrt(squares);
+  if (!result.badTensor.empty()) {
+    for (Slot &slot : slots_)
+      slot.grad.zero_();
+    return result;
+  }
+  // As torch.nn.utils.clip_grad_norm_.
+  const double clip = options_.gradClip > 0 ? options_.gradClip / (result.gradNorm + 1e-6) : 1.0;
+  ++updates_;
+  const double correction1 = 1.0 - std::pow(options_.beta1, double(updates_));
+  const double correction2 = 1.0 - std::pow(options_.beta2, double(updates_));
+  for (Slot &slot : slots_) {
+    if (clip < 1.0)
+      slot.grad.mul_(clip);
+    // torch::optim::AdamW's update, in the same order and precision.
+    slot.master.mul_(1.0 - learningRate * options_.weightDecay);
+    slot.expAvg.mul_(options_.beta1).add_(slot.grad, 1.0 - options_.beta1);
+    slot.expAvgSq.mul_(options_.beta2).addcmul_(slot.grad, slot.grad, 1.0 - options_.beta2);
+    const torch::Tensor denominator =
+        (slot.expAvgSq.sqrt() / std::sqrt(correction2)).add_(options_.eps);
+    slot.master.addcdiv_(slot.expAvg, denominator, -learningRate / correction1);
+    slot.parameter.copy_(slot.master);
+    slot.grad.zero_();
+  }
+  result.applied = true;
+  return result;
+}
+
+std::map<std::string, torch::Tensor> DrafterOptimizer::state() const {
+  std::map<std::string, torch::Tensor> state;
+  for (const Slot &slot : slots_) {
+    state["master." + slot.name] = slot.master.cpu();
+    state["exp_avg." + slot.name] = slot.expAvg.cpu();
+    state["exp_avg_sq." + slot.name] = slot.expAvgSq.cpu();
+  }
+  state["updates"] = torch::tensor(updates_, torch::kLong);
+  return state;
+}
+
+void DrafterOptimizer::loadState(const std::map<std::string, torch::Tensor> &state) {
+  auto entry = [&](const std::string &name, const torch::Tensor &like) -> const torch::Tensor & {
+    auto found = state.find(name);
+    if (found == state.end())
+      throw FormatError("optimizer state: no entry '" + name + "'");
+    if (found->second.sizes() != like.sizes())
+      throw FormatError("optimizer state: '" + name + "' has shape " +
+                        c10::str(found->second.sizes()) + ", the parameter " +
+                        c10::str(like.sizes()));
+    return found->second;
+  };
+  torch::NoGradGuard noGrad;
+  for (Slot &slot : slots_) {
+    slot.master.copy_(entry("master." + slot.name, slot.master));
+    slot.expAvg.copy_(entry("exp_avg." + slot.name, slot.master));
+    slot.expAvgSq.copy_(entry("exp_avg_sq." + slot.name, slot.master));
+    slot.parameter.copy_(slot.master);
+    slot.grad.zero_();
+  }
+  updates_ = entry("updates", torch::tensor(int64_t(0))).item<int64_t>();
+}
+
+} // namespace dflex::runtime
