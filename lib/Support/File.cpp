@@ -126,6 +126,10 @@ Status writeFileAtomic(const std::string &path, std::string_view contents) {
         systemError("rename '" + tempPath + "' to", path, errno)));
 
   // The rename is durable only once the directory itself is synced.
+  return syncDirectory(directory);
+}
+
+Status syncDirectory(const std::string &directory) {
   FileDescriptor dir(
       ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir.valid())

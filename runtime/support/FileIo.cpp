@@ -113,16 +113,8 @@ void AtomicFileWriter::commit() {
   }
   // The rename is durable only once the directory is synced.
   std::string directory = std::filesystem::path(path_).parent_path().string();
-  if (directory.empty())
-    directory = ".";
-  int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0)
-    fail("open directory", directory, errno);
-  int syncResult = ::fsync(dir);
-  int syncError = errno;
-  ::close(dir);
-  if (syncResult != 0)
-    fail("fsync directory", directory, syncError);
+  if (Status status = syncDirectory(directory.empty() ? "." : directory); !status.ok())
+    throw IoError(status.message());
 }
 
 } // namespace dflex::runtime

@@ -19,6 +19,10 @@ Result<std::string> readFile(const std::string &path);
 /// it was. The file gets permissions 0644.
 Status writeFileAtomic(const std::string &path, std::string_view contents);
 
+/// Makes the entries of `directory` (created, renamed, removed) durable:
+/// fsyncs the directory itself.
+Status syncDirectory(const std::string &directory);
+
 /// Creates `path` and missing parents; succeeds if it already is a directory.
 Status createDirectories(const std::string &path);
 
