@@ -1,0 +1,77 @@
+// One training update of the drafter: for each micro-batch, its context
+// features from a producer (the co-located target here; a paired GPU's
+// target later), the drafter's forward, the chunked block loss through the
+// frozen LM head and the backward, accumulated in float32; then one AdamW
+// update (or none, when a gradient is not finite). A micro-batch without a
+// valid anchor contributes a zero loss and still runs every pass, so that
+// all ranks of a data-parallel run take the same steps.
+#pragma once
+
+#include "dflex/runtime/data/Batching.h"
+#include "dflex/runtime/loss/BlockLoss.h"
+#include "dflex/runtime/models/Drafter.h"
+#include "dflex/runtime/models/TargetModel.h"
+#include "dflex/runtime/train/Optimizer.h"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dflex::runtime {
+
+/// The drafter's context features of a batch ([B, T, n * Ht]), on the
+/// drafter's device.
+using ContextFeatureProducer = std::function<torch::Tensor(const TrainingBatch &)>;
+
+/// The target's hidden states of `targetLayerIds`, concatenated, computed
+/// without gradients and moved to `device`.
+ContextFeatureProducer targetFeatures(const models::TargetModel &target,
+                                      std::vector<int64_t> targetLayerIds, torch::Device device);
+
+/// Per block position k = 1 .. K-1: correct predictions among the positions
+/// with a positive weight; and the empirical acceptance length: 1 + the
+/// mean, over valid blocks, of the number of leading positions (from k = 1)
+/// predicted correctly, as greedy verification accepts them.
+struct BlockAccuracy {
+  std::vector<int64_t> correct, counted; // per position k (index k - 1)
+  int64_t blocks = 0, acceptedTokens = 0;
+  void add(const torch::Tensor &correct, const torch::Tensor &weights);
+  std::vector<double> byPosition() const;
+  double acceptanceLength() const;
+};
+
+struct StepTimes {
+  double featuresMs = 0, forwardMs = 0, backwardMs = 0, optimizerMs = 0;
+};
+
+struct StepMetrics {
+  double loss = 0;     // weighted mean over the update's micro-batches
+  double gradNorm = 0; // before clipping
+  bool applied = false;
+  std::string badTensor; // the first non-finite gradient, if any
+  double learningRate = 0;
+  int64_t contextTokens = 0; // real (non-padding) context tokens
+  BlockAccuracy accuracy;
+  StepTimes times;
+};
+
+class DrafterStep {
+public:
+  DrafterStep(models::DFlashDrafter drafter, DrafterOptimizer &optimizer,
+              ContextFeatureProducer features, BlockLossOptions lossOptions = {});
+
+  /// One update from `microBatches` at `learningRate`. The loss of each
+  /// micro-batch is normalised by the weight sum of all of them, so the
+  /// update is that of one batch holding them all.
+  StepMetrics run(const std::vector<TrainingBatch> &microBatches, double learningRate);
+
+private:
+  models::DFlashDrafter drafter_;
+  DrafterOptimizer &optimizer_;
+  ContextFeatureProducer features_;
+  BlockLossOptions lossOptions_;
+};
+
+} // namespace dflex::runtime

@@ -1,0 +1,121 @@
+#include "dflex/runtime/train/DrafterStep.h"
+
+#include "dflex/runtime/train/DrafterInputs.h"
+
+#include <chrono>
+
+namespace dflex::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double millisecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+} // namespace
+
+ContextFeatureProducer targetFeatures(const models::TargetModel &target,
+                                      std::vector<int64_t> targetLayerIds, torch::Device device) {
+  return [&target, layers = std::move(targetLayerIds), device](const TrainingBatch &batch) {
+    torch::NoGradGuard noGrad;
+    models::TargetInputs inputs;
+    inputs.inputIds = batch.tokens;
+    inputs.positionIds = batch.positionIds;
+    inputs.cuSeqlens = batch.cuSeqlens;
+    inputs.captureLayers = layers;
+    return models::concatContextFeatures(target.forward(inputs).hiddenStates).to(device);
+  };
+}
+
+void BlockAccuracy::add(const torch::Tensor &correctTensor, const torch::Tensor &weightTensor) {
+  const torch::Tensor right = correctTensor.to(torch::kCPU, torch::kBool).contiguous();
+  const torch::Tensor scored = (weightTensor.to(torch::kCPU) > 0).contiguous();
+  const int64_t positions = right.size(-1);
+  if (correct.empty()) {
+    correct.assign(positions - 1, 0);
+    counted.assign(positions - 1, 0);
+  }
+  const torch::Tensor rightRows = right.reshape({-1, positions});
+  const torch::Tensor scoredRows = scored.reshape({-1, positions});
+  const auto r = rightRows.accessor<bool, 2>();
+  const auto s = scoredRows.accessor<bool, 2>();
+  for (int64_t block = 0; block < r.size(0); ++block) {
+    if (!s[block][1])
+      continue; // a padding block, or one without its first label
+    ++blocks;
+    bool accepting = true;
+    for (int64_t k = 1; k < positions; ++k) {
+      if (!s[block][k]) {
+        accepting = false;
+        continue;
+      }
+      ++counted[k - 1];
+      correct[k - 1] += r[block][k];
+      accepting = accepting && r[block][k];
+      acceptedTokens += accepting;
+    }
+  }
+}
+
+std::vector<double> BlockAccuracy::byPosition() const {
+  std::vector<double> accuracy;
+  for (size_t k = 0; k < correct.size(); ++k)
+    accuracy.push_back(counted[k] ? double(correct[k]) / double(counted[k]) : 0.0);
+  return accuracy;
+}
+
+double BlockAccuracy::acceptanceLength() const {
+  return 1.0 + (blocks ? double(acceptedTokens) / double(blocks) : 0.0);
+}
+
+DrafterStep::DrafterStep(models::DFlashDrafter drafter, DrafterOptimizer &optimizer,
+                         ContextFeatureProducer features, BlockLossOptions lossOptions)
+    : drafter_(std::move(drafter)), optimizer_(optimizer), features_(std::move(features)),
+      lossOptions_(lossOptions) {}
+
+StepMetrics DrafterStep::run(const std::vector<TrainingBatch> &microBatches, double learningRate) {
+  StepMetrics metrics;
+  metrics.learningRate = learningRate;
+  // One normaliser for the whole update: its micro-batches' weight sum.
+  double weightSum = 0;
+  for (const TrainingBatch &batch : microBatches) {
+    weightSum += batch.weights.sum().item<double>();
+    metrics.contextTokens += (batch.documentIds >= 0).sum().item<int64_t>();
+  }
+  BlockLossOptions lossOptions = lossOptions_;
+  // No weight at all: a zero loss, every pass still runs (ranks stay in step).
+  lossOptions.normalizer = weightSum > 0 ? weightSum : 1.0;
+
+  const torch::Device device = drafter_->fc->weight.device();
+  for (const TrainingBatch &batch : microBatches) {
+    Clock::time_point start = Clock::now();
+    const torch::Tensor features = features_(batch);
+    metrics.times.featuresMs += millisecondsSince(start);
+
+    start = Clock::now();
+    const models::DrafterInputs inputs = drafterInputs(batch, features, device);
+    const torch::Tensor hidden = drafter_->forward(inputs);
+    const BlockLossResult loss = drafter_->loss(hidden, batch.labels.to(device),
+                                                batch.weights.to(device), lossOptions);
+    metrics.times.forwardMs += millisecondsSince(start);
+
+    start = Clock::now();
+    loss.loss.backward();
+    optimizer_.accumulate();
+    metrics.times.backwardMs += millisecondsSince(start);
+    metrics.loss += loss.loss.item<double>();
+    metrics.accuracy.add(loss.correct, batch.weights);
+  }
+
+  const Clock::time_point start = Clock::now();
+  const DrafterOptimizer::StepResult update = optimizer_.step(learningRate);
+  metrics.times.optimizerMs = millisecondsSince(start);
+  metrics.gradNorm = update.gradNorm;
+  metrics.applied = update.applied;
+  metrics.badTensor = update.badTensor;
+  return metrics;
+}
+
+} // namespace dflex::runtime
