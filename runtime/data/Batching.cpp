@@ -12,8 +12,8 @@ namespace dflex::runtime {
 // Packing
 //===----------------------------------------------------------------------===//
 
-Packer::Packer(SampleSource &source, PackingOptions options)
-    : source_(source), options_(options) {
+Packer::Packer(SampleSource &source, PackingOptions options, std::vector<PendingSample> buffered)
+    : source_(source), options_(options), pending_(std::move(buffered)) {
   if (options_.tokenBudget <= 0 || options_.tokenBudget > INT32_MAX)
     throw FormatError("packing token budget " +
                       std::to_string(options_.tokenBudget) +

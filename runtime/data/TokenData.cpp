@@ -96,10 +96,15 @@ void validateSample(const TokenSample &sample, int64_t vocabSize,
 // JSONL
 //===----------------------------------------------------------------------===//
 
-JsonlSampleReader::JsonlSampleReader(std::string path, int64_t vocabSize)
+JsonlSampleReader::JsonlSampleReader(std::string path, int64_t vocabSize, uint64_t startPosition)
     : path_(std::move(path)), vocabSize_(vocabSize), in_(path_) {
   if (!in_)
     throw IoError("cannot open '" + path_ + "': " + std::strerror(errno));
+  TokenSample skipped;
+  while (samplesRead_ < startPosition)
+    if (!next(skipped))
+      throw FormatError(path_ + ": has " + std::to_string(samplesRead_) +
+                        " samples, fewer than the start position " + std::to_string(startPosition));
 }
 
 std::string JsonlSampleReader::origin() const {

@@ -2,7 +2,10 @@
 
 #include "dflex/runtime/train/DrafterInputs.h"
 
+#include <torch/cuda.h>
+
 #include <chrono>
+#include <cmath>
 
 namespace dflex::runtime {
 
@@ -10,22 +13,25 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double millisecondsSince(Clock::time_point start) {
+/// Milliseconds since `start`, once `device`'s queued work is done.
+double millisecondsSince(Clock::time_point start, torch::Device device) {
+  if (device.is_cuda())
+    torch::cuda::synchronize(device.index());
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
 } // namespace
 
 ContextFeatureProducer targetFeatures(const models::TargetModel &target,
-                                      std::vector<int64_t> targetLayerIds, torch::Device device) {
-  return [&target, layers = std::move(targetLayerIds), device](const TrainingBatch &batch) {
+                                      std::vector<int64_t> targetLayerIds) {
+  return [&target, layers = std::move(targetLayerIds)](const TrainingBatch &batch) {
     torch::NoGradGuard noGrad;
     models::TargetInputs inputs;
     inputs.inputIds = batch.tokens;
     inputs.positionIds = batch.positionIds;
     inputs.cuSeqlens = batch.cuSeqlens;
     inputs.captureLayers = layers;
-    return models::concatContextFeatures(target.forward(inputs).hiddenStates).to(device);
+    return models::concatContextFeatures(target.forward(inputs).hiddenStates);
   };
 }
 
@@ -91,27 +97,36 @@ StepMetrics DrafterStep::run(const std::vector<TrainingBatch> &microBatches, dou
   const torch::Device device = drafter_->fc->weight.device();
   for (const TrainingBatch &batch : microBatches) {
     Clock::time_point start = Clock::now();
-    const torch::Tensor features = features_(batch);
-    metrics.times.featuresMs += millisecondsSince(start);
+    torch::Tensor features = features_(batch);
+    metrics.times.featuresMs += millisecondsSince(start, features.device());
 
     start = Clock::now();
-    const models::DrafterInputs inputs = drafterInputs(batch, features, device);
+    const models::DrafterInputs inputs = drafterInputs(batch, features.to(device), device);
+    features = torch::Tensor();
+    const torch::Tensor labels = batch.labels.to(device), weights = batch.weights.to(device);
+    metrics.times.transferMs += millisecondsSince(start, device);
+
+    start = Clock::now();
     const torch::Tensor hidden = drafter_->forward(inputs);
-    const BlockLossResult loss = drafter_->loss(hidden, batch.labels.to(device),
-                                                batch.weights.to(device), lossOptions);
-    metrics.times.forwardMs += millisecondsSince(start);
+    const BlockLossResult loss = drafter_->loss(hidden, labels, weights, lossOptions);
+    metrics.times.forwardMs += millisecondsSince(start, device);
 
     start = Clock::now();
     loss.loss.backward();
     optimizer_.accumulate();
-    metrics.times.backwardMs += millisecondsSince(start);
+    metrics.times.backwardMs += millisecondsSince(start, device);
     metrics.loss += loss.loss.item<double>();
     metrics.accuracy.add(loss.correct, batch.weights);
   }
 
+  if (!std::isfinite(metrics.loss)) {
+    optimizer_.discardGradients();
+    metrics.badTensor = "loss";
+    return metrics;
+  }
   const Clock::time_point start = Clock::now();
   const DrafterOptimizer::StepResult update = optimizer_.step(learningRate);
-  metrics.times.optimizerMs = millisecondsSince(start);
+  metrics.times.optimizerMs = millisecondsSince(start, device);
   metrics.gradNorm = update.gradNorm;
   metrics.applied = update.applied;
   metrics.badTensor = update.badTensor;

@@ -53,20 +53,25 @@ void DrafterOptimizer::accumulate() {
 DrafterOptimizer::StepResult DrafterOptimizer::step(double learningRate, double gradScale) {
   torch::NoGradGuard noGrad;
   StepResult result;
-  // The global norm and the first non-finite gradient, in one pass.
-  double squares = 0;
+  // The global norm and the first non-finite gradient, with one copy to the
+  // host for all tensors.
+  std::vector<torch::Tensor> sums;
   for (Slot &slot : slots_) {
     if (gradScale != 1.0)
       slot.grad.mul_(gradScale);
-    const double sum = slot.grad.to(torch::kDouble).pow(2).sum().item<double>();
-    if (!std::isfinite(sum) && result.badTensor.empty())
-      result.badTensor = slot.name;
-    squares += sum;
+    sums.push_back(slot.grad.to(torch::kDouble).pow(2).sum());
+  }
+  const torch::Tensor hostSums = torch::stack(sums).cpu();
+  const auto sum = hostSums.accessor<double, 1>();
+  double squares = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!std::isfinite(sum[int64_t(i)]) && result.badTensor.empty())
+      result.badTensor = slots_[i].name;
+    squares += sum[int64_t(i)];
   }
   result.gradNorm = std::sqrt(squares);
   if (!result.badTensor.empty()) {
-    for (Slot &slot : slots_)
-      slot.grad.zero_();
+    discardGradients();
     return result;
   }
   // As torch.nn.utils.clip_grad_norm_.
@@ -89,6 +94,12 @@ DrafterOptimizer::StepResult DrafterOptimizer::step(double learningRate, double 
   }
   result.applied = true;
   return result;
+}
+
+void DrafterOptimizer::discardGradients() {
+  torch::NoGradGuard noGrad;
+  for (Slot &slot : slots_)
+    slot.grad.zero_();
 }
 
 std::map<std::string, torch::Tensor> DrafterOptimizer::state() const {

@@ -49,7 +49,9 @@ const std::vector<TrainConfigKey> &trainConfigKeys() {
       {"drafter.num_layers", &T::drafterLayers, "decoder layers of the drafter", 1, 64},
       {"drafter.layer_types", &T::drafterLayerTypes,
        "per drafter layer; empty: all full_attention", {}, {},
-       {"full_attention", "sliding_attention", "linear_attention"}},
+       {"full_attention", "sliding_attention"}},
+      {"drafter.dtype", &T::drafterDtype, "dtype the drafter trains in (AdamW state is float32)", {}, {},
+       {"bfloat16", "float32"}},
       {"drafter.sliding_window", &T::slidingWindow, "window of sliding_attention layers (keys, the query's own included)", 1, kMaxInt},
       {"drafter.hidden_size", &T::hiddenSize, "0: the target's", 0, 65536},
       {"drafter.intermediate_size", &T::intermediateSize, "0: the target's", 0, 262144},
@@ -60,6 +62,17 @@ const std::vector<TrainConfigKey> &trainConfigKeys() {
        "target layers whose hidden states the drafter reads; empty: spread over 1 .. L-3", 0, 4096},
       {"drafter.block_size", &T::blockSize, "tokens per drafted block (anchor + block_size - 1 predictions)", 2, 256},
       {"drafter.mask_token_id", &T::maskTokenId, "token id of the block's masked positions (-1: not set)", -1, kMaxInt},
+      {"kernels.drafter_bundle", &T::drafterBundle,
+       "bundle directory (dflex-compile) of the drafter's attention; required on CUDA"},
+      {"kernels.drafter_full_spec", &T::drafterFullSpec, "its spec for full_attention layers"},
+      {"kernels.drafter_sliding_spec", &T::drafterSlidingSpec, "its spec for sliding_attention layers"},
+      {"kernels.target_bundle", &T::targetBundle,
+       "bundle of the target's document-causal attention on CUDA (empty: plain LibTorch)"},
+      {"kernels.target_full_spec", &T::targetFullSpec, "its spec for full-attention layers"},
+      {"kernels.target_sliding_spec", &T::targetSlidingSpec, "its spec for sliding-window layers"},
+      {"kernels.target_gated_delta_bundle", &T::targetGatedDeltaBundle,
+       "bundle of the target's gated-delta layers on CUDA (empty: plain LibTorch)"},
+      {"kernels.target_gated_delta_spec", &T::targetGatedDeltaSpec, "its gated-delta spec"},
       {"data.path", &T::dataset, "binary dataset directory (dflex-data) or tokenized JSONL"},
       {"data.token_budget", &T::tokenBudget, "context tokens packed into one step", 1, kMaxInt},
       {"data.max_anchors", &T::maxAnchors, "anchors (blocks) per row at most", 1, 65536},
@@ -78,6 +91,7 @@ const std::vector<TrainConfigKey> &trainConfigKeys() {
       {"checkpoint.dir", &T::checkpointDir, "directory of the run's checkpoints"},
       {"checkpoint.interval", &T::checkpointInterval, "updates between checkpoints", 1, kMaxInt, {}, true},
       {"checkpoint.keep_last", &T::keepLast, "checkpoints kept (the one 'latest' names always is)", 1, 1e6, {}, true},
+      {"log.dir", &T::logDir, "metrics.jsonl, plots and TensorBoard scalars (empty: checkpoint.dir)", {}, {}, {}, true},
       {"log.interval", &T::logInterval, "updates between log lines", 1, kMaxInt, {}, true},
       {"log.eval_interval", &T::evalInterval, "updates between evaluations (0: none)", 0, kMaxInt, {}, true},
       {"devices", &T::devices,
@@ -119,7 +133,9 @@ std::string unknownKey(const std::string &name) {
     // The last component alone catches a key put in the wrong section.
     const std::string leaf = candidate.substr(candidate.rfind('.') + 1);
     const std::string nameLeaf = name.substr(name.rfind('.') + 1);
-    const size_t distance = std::min(editDistance(name, candidate), editDistance(nameLeaf, leaf) + 1);
+    size_t distance = std::min(editDistance(name, candidate), editDistance(nameLeaf, leaf) + 1);
+    if (candidate.rfind(name, 0) == 0) // a key cut short
+      distance = std::min<size_t>(distance, 1);
     if (distance < best) {
       best = distance;
       closest = &key;

@@ -41,12 +41,10 @@ struct CommandResult {
   std::string output; // stdout and stderr
 };
 
-/// Runs a script from the test folder's python/ with python3 (the interpreter the
-/// build found), capturing its output.
-inline CommandResult runPythonScript(const std::string &script,
-                                     const std::string &arguments) {
-  std::string command = std::string("\"") + DFLEX_TEST_PYTHON + "\" \"" +
-                        DFLEX_TEST_SOURCE_DIR + "/python/" + script + "\" " +
+/// Runs the Python file `path` with python3 (the interpreter the build
+/// found), capturing its output.
+inline CommandResult runPythonFile(const std::string &path, const std::string &arguments) {
+  std::string command = std::string("\"") + DFLEX_TEST_PYTHON + "\" \"" + path + "\" " +
                         arguments + " 2>&1";
   CommandResult result;
   FILE *pipe = popen(command.c_str(), "r");
@@ -59,6 +57,13 @@ inline CommandResult runPythonScript(const std::string &script,
   int status = pclose(pipe);
   result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+/// Runs a script from the test folder's python/ with python3 (the interpreter the
+/// build found), capturing its output.
+inline CommandResult runPythonScript(const std::string &script,
+                                     const std::string &arguments) {
+  return runPythonFile(std::string(DFLEX_TEST_SOURCE_DIR) + "/python/" + script, arguments);
 }
 
 inline std::string readBytes(const std::string &path) {

@@ -19,7 +19,8 @@ namespace {
 
 class VectorSource : public SampleSource {
 public:
-  explicit VectorSource(std::vector<TokenSample> samples) : samples_(std::move(samples)) {}
+  explicit VectorSource(std::vector<TokenSample> samples, size_t start = 0)
+      : samples_(std::move(samples)), next_(start) {}
   bool next(TokenSample &sample) override {
     if (next_ == samples_.size())
       return false;
@@ -28,6 +29,7 @@ public:
   }
   std::string origin() const override { return "vector sample " + std::to_string(next_ - 1); }
   uint64_t datasetIndex() const override { return next_ - 1; }
+  uint64_t position() const override { return next_; }
 
 private:
   std::vector<TokenSample> samples_;
@@ -142,6 +144,31 @@ TEST(Packing, LookaheadFillsRowsBetterAndKeepsEverySampleOnce) {
   ASSERT_EQ(seen.size(), samples.size());
   for (uint64_t i = 0; i < samples.size(); ++i)
     EXPECT_EQ(seen.count(i), 1u) << i;
+}
+
+TEST(Packing, APackerResumedFromItsPendingSamplesMakesTheSameRows) {
+  const std::vector<TokenSample> samples = randomSamples(300, 8, 300);
+  PackingOptions options;
+  options.tokenBudget = 512;
+  options.lookahead = 16;
+  const std::vector<PackedRow> whole = packAll(samples, options);
+
+  VectorSource first(samples);
+  Packer interrupted(first, options);
+  PackedRow row;
+  for (int i = 0; i < 20; ++i)
+    ASSERT_TRUE(interrupted.next(row));
+  ASSERT_EQ(interrupted.pending().size(), options.lookahead);
+  VectorSource rest(samples, first.position());
+  Packer resumed(rest, options, interrupted.pending());
+  size_t index = 20;
+  while (resumed.next(row)) {
+    ASSERT_LT(index, whole.size());
+    EXPECT_EQ(row.tokens, whole[index].tokens) << "row " << index;
+    EXPECT_EQ(row.sampleIndices, whole[index].sampleIndices) << "row " << index;
+    ++index;
+  }
+  EXPECT_EQ(index, whole.size());
 }
 
 TEST(Packing, LongSamplesAreCutAndSamplesWithoutLossDropped) {

@@ -95,6 +95,15 @@ TEST(TokenData, ReadsJsonl) {
   EXPECT_EQ(samples[1].lossMask, (std::vector<uint8_t>{1}));
   EXPECT_EQ(indices, (std::vector<uint64_t>{0, 1}));
   EXPECT_EQ(reader.origin(), path + ":3");
+
+  JsonlSampleReader resumed(path, kVocab, 1);
+  EXPECT_EQ(resumed.position(), 1u);
+  indices.clear();
+  samples = readAll(resumed, &indices);
+  ASSERT_EQ(samples.size(), 1u);
+  EXPECT_EQ(samples[0].tokens, (std::vector<int32_t>{7}));
+  EXPECT_EQ(indices, (std::vector<uint64_t>{1}));
+  EXPECT_THROW(JsonlSampleReader(path, kVocab, 3), dflex::FormatError);
 }
 
 TEST(TokenData, BadJsonlSamplesAreNamed) {

@@ -45,20 +45,29 @@ struct PackingStats {
   uint64_t paddingTokens = 0;
 };
 
+/// A buffered sample of a Packer, after any truncation.
+struct PendingSample {
+  TokenSample sample;
+  uint64_t datasetIndex = 0;
+};
+
 /// Streams packed rows from a sample source; memory is bounded by the
 /// lookahead, not the dataset.
 class Packer {
 public:
-  Packer(SampleSource &source, PackingOptions options);
+  /// `buffered`: the pending() of an earlier packer over the same source,
+  /// which continues from the sample after them (resuming a run).
+  Packer(SampleSource &source, PackingOptions options, std::vector<PendingSample> buffered = {});
   /// The next row; false once the source and the buffer are empty.
   bool next(PackedRow &row);
   const PackingStats &stats() const { return stats_; }
+  /// The samples read from the source but not yet packed, in buffer order:
+  /// with the source's position, what a resumed packer needs to produce the
+  /// same rows.
+  const std::vector<PendingSample> &pending() const { return pending_; }
 
 private:
-  struct Pending {
-    TokenSample sample;
-    uint64_t datasetIndex;
-  };
+  using Pending = PendingSample;
   void refill();
 
   SampleSource &source_;

@@ -37,16 +37,21 @@ public:
   virtual std::string origin() const = 0;
   /// Its index in the whole dataset (file order, before any shuffling).
   virtual uint64_t datasetIndex() const = 0;
+  /// Samples of the epoch's order before the next one (a reader opened at
+  /// this position continues here).
+  virtual uint64_t position() const = 0;
 };
 
 /// JSONL: one object per line, {"input_ids": [ints], "loss_mask": [0/1 or
-/// booleans]}; other keys are ignored, blank lines skipped.
+/// booleans]}; other keys are ignored, blank lines skipped. The order is the
+/// file's; `startPosition` samples are read and passed over first.
 class JsonlSampleReader : public SampleSource {
 public:
-  JsonlSampleReader(std::string path, int64_t vocabSize);
+  JsonlSampleReader(std::string path, int64_t vocabSize, uint64_t startPosition = 0);
   bool next(TokenSample &sample) override;
   std::string origin() const override;
   uint64_t datasetIndex() const override { return samplesRead_ - 1; }
+  uint64_t position() const override { return samplesRead_; }
 
 private:
   std::string path_;
@@ -172,8 +177,8 @@ public:
   bool next(TokenSample &sample) override;
   std::string origin() const override;
   uint64_t datasetIndex() const override { return lastDatasetIndex_; }
-  /// Position in the epoch's order of the next sample (for resuming).
-  uint64_t position() const { return position_; }
+  /// Counted over all ranks: this rank's next sample is at or after it.
+  uint64_t position() const override { return position_; }
 
 private:
   void enterShard(size_t orderIndex);

@@ -22,13 +22,13 @@
 namespace dflex::runtime {
 
 /// The drafter's context features of a batch ([B, T, n * Ht]), on the
-/// drafter's device.
+/// producer's device (DrafterStep moves them to the drafter's).
 using ContextFeatureProducer = std::function<torch::Tensor(const TrainingBatch &)>;
 
 /// The target's hidden states of `targetLayerIds`, concatenated, computed
-/// without gradients and moved to `device`.
+/// without gradients on the target's device.
 ContextFeatureProducer targetFeatures(const models::TargetModel &target,
-                                      std::vector<int64_t> targetLayerIds, torch::Device device);
+                                      std::vector<int64_t> targetLayerIds);
 
 /// Per block position k = 1 .. K-1: correct predictions among the positions
 /// with a positive weight; and the empirical acceptance length: 1 + the
@@ -42,15 +42,17 @@ struct BlockAccuracy {
   double acceptanceLength() const;
 };
 
+/// Wall time of each part of an update; on CUDA each part ends with a
+/// synchronisation, so that the time is the part's and not its launch's.
 struct StepTimes {
-  double featuresMs = 0, forwardMs = 0, backwardMs = 0, optimizerMs = 0;
+  double featuresMs = 0, transferMs = 0, forwardMs = 0, backwardMs = 0, optimizerMs = 0;
 };
 
 struct StepMetrics {
   double loss = 0;     // weighted mean over the update's micro-batches
   double gradNorm = 0; // before clipping
   bool applied = false;
-  std::string badTensor; // the first non-finite gradient, if any
+  std::string badTensor; // "loss", or the first non-finite gradient, if any
   double learningRate = 0;
   int64_t contextTokens = 0; // real (non-padding) context tokens
   BlockAccuracy accuracy;
@@ -64,7 +66,8 @@ public:
 
   /// One update from `microBatches` at `learningRate`. The loss of each
   /// micro-batch is normalised by the weight sum of all of them, so the
-  /// update is that of one batch holding them all.
+  /// update is that of one batch holding them all. A non-finite loss or
+  /// gradient leaves every weight as it was (applied false, badTensor).
   StepMetrics run(const std::vector<TrainingBatch> &microBatches, double learningRate);
 
 private:

@@ -56,6 +56,8 @@ public:
   /// gradients skip the update (nothing changes but the accumulators,
   /// which every step clears).
   StepResult step(double learningRate, double gradScale = 1.0);
+  /// Drops the accumulated gradients without an update.
+  void discardGradients();
 
   int64_t updates() const { return updates_; }
 

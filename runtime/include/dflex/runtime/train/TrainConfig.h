@@ -26,9 +26,10 @@ struct TrainConfig {
   std::string targetDtype = "bfloat16";
   // drafter
   int64_t drafterLayers = 5;
-  /// Per layer: full_attention, sliding_attention or linear_attention
-  /// (gated delta); empty: all full_attention.
+  /// Per layer: full_attention or sliding_attention; empty: all
+  /// full_attention.
   std::vector<std::string> drafterLayerTypes;
+  std::string drafterDtype = "bfloat16"; // trained in; optimizer state is float32
   int64_t slidingWindow = 2048;
   int64_t hiddenSize = 0;        // 0: the target's
   int64_t intermediateSize = 0;  // 0: the target's
@@ -38,6 +39,15 @@ struct TrainConfig {
   std::vector<int64_t> targetLayerIds; // empty: spread over 1 .. L-3
   int64_t blockSize = 16;
   int64_t maskTokenId = -1; // -1: the target tokenizer's mask token must be given
+  // kernels (CUDA devices): bundles written by dflex-compile and their specs
+  std::string drafterBundle;
+  std::string drafterFullSpec = "drafter_attention";
+  std::string drafterSlidingSpec = "drafter_sliding_window_attention";
+  std::string targetBundle; // empty: the target's attention in plain LibTorch
+  std::string targetFullSpec = "document_causal_attention";
+  std::string targetSlidingSpec;
+  std::string targetGatedDeltaBundle; // empty: the recurrence in plain LibTorch
+  std::string targetGatedDeltaSpec;
   // data
   std::string dataset; // binary dataset directory or tokenized JSONL
   int64_t tokenBudget = 8192;
@@ -62,6 +72,7 @@ struct TrainConfig {
   int64_t checkpointInterval = 1000;
   int64_t keepLast = 3;
   // logging
+  std::string logDir; // empty: checkpoint.dir
   int64_t logInterval = 10;
   int64_t evalInterval = 0; // 0: no periodic eval
   /// "cpu", "cuda" (one GPU holding target and drafter), "cuda:N", or two

@@ -1,0 +1,279 @@
+#include "dflex/runtime/train/TrainingPlan.h"
+
+#include "dflex/Support/Error.h"
+#include "dflex/runtime/bundle/GatedDeltaBundle.h"
+#include "dflex/runtime/bundle/KernelBundle.h"
+#include "dflex/runtime/checkpoint/SafeTensors.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace dflex::runtime {
+
+namespace {
+
+[[noreturn]] void fail(const std::string &key, const std::string &problem) {
+  throw FormatError("config: " + key + ": " + problem);
+}
+
+torch::ScalarType dtypeOf(const std::string &name) {
+  if (name == "bfloat16")
+    return torch::kBFloat16;
+  if (name == "float16")
+    return torch::kHalf;
+  return torch::kFloat;
+}
+
+/// A size the config may leave at 0 for the target's.
+int64_t orTarget(int64_t configured, int64_t target) { return configured > 0 ? configured : target; }
+
+DrafterConfig resolveDrafter(const TrainConfig &c, const TransformerConfig &target) {
+  if (c.hiddenSize > 0 && c.hiddenSize != target.hiddenSize)
+    fail("drafter.hidden_size", std::to_string(c.hiddenSize) +
+                                    " differs from the target's hidden size " +
+                                    std::to_string(target.hiddenSize) +
+                                    " (the drafter reads the target's embedding and LM head)");
+  DrafterConfig d;
+  TransformerConfig &m = d.model;
+  m.modelType = "qwen3";
+  m.vocabSize = target.vocabSize;
+  m.hiddenSize = target.hiddenSize;
+  m.intermediateSize = orTarget(c.intermediateSize, target.intermediateSize);
+  m.numHiddenLayers = c.drafterLayers;
+  m.numAttentionHeads = orTarget(c.numAttentionHeads, target.numAttentionHeads);
+  m.numKeyValueHeads = orTarget(c.numKeyValueHeads, target.numKeyValueHeads);
+  m.headDim = orTarget(c.headDim, target.headDim);
+  if (m.numAttentionHeads % m.numKeyValueHeads)
+    fail("drafter.num_key_value_heads", std::to_string(m.numKeyValueHeads) +
+                                            " does not divide the " +
+                                            std::to_string(m.numAttentionHeads) + " query heads");
+  m.maxPositionEmbeddings = target.maxPositionEmbeddings;
+  m.rmsNormEps = target.rmsNormEps;
+  m.hiddenAct = "silu";
+  m.rope = target.rope;
+  m.bosTokenId = target.bosTokenId;
+  m.padTokenId = target.padTokenId;
+  m.eosTokenIds = target.eosTokenIds;
+  m.dtype = "bfloat16";
+  for (int64_t i = 0; i < c.drafterLayers; ++i) {
+    const bool sliding = !c.drafterLayerTypes.empty() && c.drafterLayerTypes[i] == "sliding_attention";
+    m.layerKinds.push_back(sliding ? LayerKind::SlidingAttention : LayerKind::FullAttention);
+  }
+  if (m.numLayersOf(LayerKind::SlidingAttention))
+    m.slidingWindow = c.slidingWindow;
+
+  DFlashConfig &f = d.dflash;
+  f.numTargetLayers = target.numHiddenLayers;
+  f.targetLayerIds = c.targetLayerIds.empty()
+                         ? defaultTargetLayerIds(target.numHiddenLayers, c.drafterLayers)
+                         : c.targetLayerIds;
+  for (int64_t id : f.targetLayerIds)
+    if (id >= target.numHiddenLayers)
+      fail("drafter.target_layer_ids", "layer " + std::to_string(id) + " is not below the target's " +
+                                           std::to_string(target.numHiddenLayers) + " layers");
+  f.blockSize = c.blockSize;
+  if (c.maskTokenId < 0)
+    fail("drafter.mask_token_id", "is not set: give the token id of the block's masked positions "
+                                  "(e.g. the tokenizer's added mask token)");
+  if (c.maskTokenId >= target.vocabSize)
+    fail("drafter.mask_token_id", std::to_string(c.maskTokenId) + " is outside the target's vocabulary of " +
+                                      std::to_string(target.vocabSize));
+  f.maskTokenId = c.maskTokenId;
+  return d;
+}
+
+/// Parameters of the target as its checkpoint holds them (text model only).
+uint64_t targetParameterCount(const std::string &directory) {
+  const SafeTensorsCheckpoint checkpoint = SafeTensorsCheckpoint::open(directory);
+  uint64_t count = 0;
+  for (const std::string &name : checkpoint.names()) {
+    if (name.find("visual") != std::string::npos || name.find("mtp.") != std::string::npos)
+      continue;
+    uint64_t elements = 1;
+    for (int64_t size : checkpoint.info(name).shape)
+      elements *= uint64_t(size);
+    count += elements;
+  }
+  return count;
+}
+
+void checkAttentionSpec(const KernelBundle &bundle, const std::string &key, const std::string &name,
+                        int64_t heads, int64_t kvHeads, int64_t headDim) {
+  if (name.empty())
+    fail(key, "is empty but the bundle " + bundle.directory() + " is to serve these layers");
+  const auto &specs = bundle.attentionSpecs();
+  auto spec = std::find_if(specs.begin(), specs.end(), [&](const auto &s) { return s.name == name; });
+  if (spec == specs.end()) {
+    std::string names;
+    for (const auto &s : specs)
+      names += (names.empty() ? "" : ", ") + s.name;
+    fail(key, "bundle " + bundle.directory() + " has no attention spec '" + name + "' (it has: " + names + ")");
+  }
+  if (spec->numQHeads != heads || spec->numKvHeads != kvHeads || spec->qkHeadDim != headDim ||
+      spec->vHeadDim != headDim)
+    fail(key, "spec '" + name + "' of " + bundle.directory() + " is heads(" +
+                  std::to_string(spec->numQHeads) + ", " + std::to_string(spec->numKvHeads) +
+                  ") head_dim(" + std::to_string(spec->qkHeadDim) + ") but the layers need heads(" +
+                  std::to_string(heads) + ", " + std::to_string(kvHeads) + ") head_dim(" +
+                  std::to_string(headDim) + ")");
+}
+
+void checkBundles(const TrainingPlan &plan) {
+  const TrainConfig &c = plan.config;
+  const TransformerConfig &d = plan.drafter.model;
+  if (plan.drafterDevice.is_cuda()) {
+    if (c.drafterBundle.empty())
+      fail("kernels.drafter_bundle", "is required on CUDA: compile the drafter's attention "
+                                     "(examples/dflash.mlir with the drafter's heads) with dflex-compile");
+    if (plan.drafterDtype != torch::kBFloat16)
+      fail("drafter.dtype", "the drafter's CUDA kernels run in bfloat16");
+    const auto bundle = KernelBundle::openCached(c.drafterBundle);
+    checkAttentionSpec(*bundle, "kernels.drafter_full_spec", c.drafterFullSpec, d.numAttentionHeads,
+                       d.numKeyValueHeads, d.headDim);
+    if (d.slidingWindow)
+      checkAttentionSpec(*bundle, "kernels.drafter_sliding_spec", c.drafterSlidingSpec,
+                         d.numAttentionHeads, d.numKeyValueHeads, d.headDim);
+  }
+  const TransformerConfig &t = plan.target;
+  if (plan.targetDevice.is_cuda() && !c.targetBundle.empty()) {
+    const auto bundle = KernelBundle::openCached(c.targetBundle);
+    checkAttentionSpec(*bundle, "kernels.target_full_spec", c.targetFullSpec, t.numAttentionHeads,
+                       t.numKeyValueHeads, t.headDim);
+    if (t.numLayersOf(LayerKind::SlidingAttention))
+      checkAttentionSpec(*bundle, "kernels.target_sliding_spec", c.targetSlidingSpec,
+                         t.numAttentionHeads, t.numKeyValueHeads, t.headDim);
+  }
+  if (plan.targetDevice.is_cuda() && !c.targetGatedDeltaBundle.empty())
+    GatedDeltaBundle::openCached(c.targetGatedDeltaBundle)->spec(c.targetGatedDeltaSpec);
+}
+
+std::vector<DeviceMemoryPlan> memoryPlan(const TrainingPlan &p) {
+  const TrainConfig &c = p.config;
+  const TransformerConfig &t = p.target;
+  const TransformerConfig &d = p.drafter.model;
+  const uint64_t T = uint64_t(c.tokenBudget);
+  const uint64_t Q = uint64_t(c.maxAnchors * c.blockSize); // block positions
+  const uint64_t ts = c10::elementSize(p.targetDtype), ds = c10::elementSize(p.drafterDtype);
+  const uint64_t n = p.drafter.dflash.targetLayerIds.size();
+
+  DeviceMemoryPlan target{p.targetDevice.str(), {}};
+  target.parts.push_back({"target weights", p.targetParameters * ts});
+  const uint64_t attentionWidth = uint64_t((t.numAttentionHeads * 2 + 2 * t.numKeyValueHeads) * t.headDim);
+  target.parts.push_back(
+      {"target activations (one layer)", T * (4 * uint64_t(t.hiddenSize) + attentionWidth + 3 * uint64_t(t.intermediateSize)) * ts});
+  if (c.targetBundle.empty())
+    target.parts.push_back({"target attention scores (plain LibTorch)", T * T * uint64_t(t.numAttentionHeads) * 4});
+  target.parts.push_back({"captured hidden states", n * T * uint64_t(t.hiddenSize) * ts});
+
+  DeviceMemoryPlan drafter{p.drafterDevice.str(), {}};
+  const uint64_t P = p.drafterParameters, H = uint64_t(d.hiddenSize);
+  drafter.parts.push_back({"drafter weights", P * ds});
+  drafter.parts.push_back({"drafter gradients", P * ds});
+  drafter.parts.push_back({"AdamW master weights, moments, accumulated gradients (float32)", P * 16});
+  const bool sharesWeights = p.targetDevice == p.drafterDevice && p.targetDtype == p.drafterDtype;
+  if (!sharesWeights)
+    drafter.parts.push_back({"frozen embedding and LM head", (t.tieWordEmbeddings ? 1 : 2) * uint64_t(t.vocabSize) * H * ds});
+  if (p.targetDevice != p.drafterDevice)
+    drafter.parts.push_back({"context features", n * T * H * ds});
+  const uint64_t kvWidth = uint64_t(2 * d.numKeyValueHeads * d.headDim);
+  const uint64_t qWidth = uint64_t(d.numAttentionHeads * d.headDim);
+  const uint64_t perLayer =
+      (Q * (8 * H + 3 * qWidth + 3 * uint64_t(d.intermediateSize)) + (T + Q) * 3 * kvWidth + T * H) * ds;
+  drafter.parts.push_back({"drafter activations kept for backward", perLayer * uint64_t(d.numHiddenLayers) +
+                                                                       (T * n * H + 2 * T * H) * ds});
+  if (!p.drafterDevice.is_cuda())
+    drafter.parts.push_back({"dense attention scores (CPU)", uint64_t(d.numHiddenLayers) * 2 *
+                                                                 uint64_t(d.numAttentionHeads) * Q * (T + Q) * 4});
+  drafter.parts.push_back({"loss chunk logits", 2 * (uint64_t(256) << 20)});
+
+  if (target.device == drafter.device) {
+    target.parts.insert(target.parts.end(), drafter.parts.begin(), drafter.parts.end());
+    return {target};
+  }
+  return {target, drafter};
+}
+
+} // namespace
+
+uint64_t DeviceMemoryPlan::total() const {
+  uint64_t sum = 0;
+  for (const auto &part : parts)
+    sum += part.second;
+  return sum;
+}
+
+uint64_t drafterParameterCount(const DrafterConfig &config, int64_t targetHidden) {
+  const TransformerConfig &m = config.model;
+  const uint64_t H = uint64_t(m.hiddenSize), D = uint64_t(m.headDim);
+  const uint64_t q = uint64_t(m.numAttentionHeads) * D, kv = uint64_t(m.numKeyValueHeads) * D;
+  const uint64_t layer = H * q + 2 * H * kv + q * H + 2 * D + 3 * H * uint64_t(m.intermediateSize) + 2 * H;
+  const uint64_t context = uint64_t(targetHidden) * config.dflash.targetLayerIds.size();
+  return context * H + 2 * H + uint64_t(m.numHiddenLayers) * layer;
+}
+
+std::string formatBytes(uint64_t bytes) {
+  char text[32];
+  if (bytes >= (uint64_t(1) << 30))
+    std::snprintf(text, sizeof text, "%.2f GiB", double(bytes) / double(uint64_t(1) << 30));
+  else if (bytes >= (uint64_t(1) << 20))
+    std::snprintf(text, sizeof text, "%.1f MiB", double(bytes) / double(uint64_t(1) << 20));
+  else
+    std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
+  return text;
+}
+
+TrainingPlan planTraining(const TrainConfig &config) {
+  checkTrainConfig(config);
+  TrainingPlan plan;
+  plan.config = config;
+  if (config.targetDir.empty())
+    fail("target.dir", "is not set: give the target's Hugging Face model directory");
+  try {
+    plan.target = loadTransformerConfig(config.targetDir);
+    plan.targetParameters = targetParameterCount(config.targetDir);
+  } catch (const FormatError &error) {
+    fail("target.dir", error.what());
+  } catch (const IoError &error) {
+    fail("target.dir", error.what());
+  }
+  plan.drafter = resolveDrafter(config, plan.target);
+  plan.drafterParameters = drafterParameterCount(plan.drafter, plan.target.hiddenSize);
+  plan.targetDevice = torch::Device(config.devices.front());
+  plan.drafterDevice = torch::Device(config.devices.back());
+  plan.targetDtype = dtypeOf(config.targetDtype);
+  plan.drafterDtype = dtypeOf(config.drafterDtype);
+  if (config.dataset.empty())
+    fail("data.path", "is not set: give a dataset directory (dflex-data) or a tokenized JSONL file");
+  checkBundles(plan);
+  plan.memory = memoryPlan(plan);
+  return plan;
+}
+
+std::string TrainingPlan::describe() const {
+  std::ostringstream out;
+  const TransformerConfig &d = drafter.model;
+  out << "target: " << config.targetDir << " (" << target.modelType << ", " << target.numHiddenLayers
+      << " layers, hidden " << target.hiddenSize << ", vocab " << target.vocabSize << ", "
+      << targetParameters << " parameters) on " << targetDevice << " in " << config.targetDtype << "\n";
+  out << "drafter: " << d.numHiddenLayers << " layers [";
+  for (size_t i = 0; i < d.layerKinds.size(); ++i)
+    out << (i ? ", " : "") << toString(d.layerKinds[i]);
+  out << "], heads " << d.numAttentionHeads << "/" << d.numKeyValueHeads << " x " << d.headDim
+      << ", intermediate " << d.intermediateSize << ", block " << drafter.dflash.blockSize
+      << ", target layers [";
+  for (size_t i = 0; i < drafter.dflash.targetLayerIds.size(); ++i)
+    out << (i ? ", " : "") << drafter.dflash.targetLayerIds[i];
+  out << "], " << drafterParameters << " parameters on " << drafterDevice << " in " << config.drafterDtype
+      << "\n";
+  out << "step: " << config.tokenBudget << " context tokens, up to " << config.maxAnchors
+      << " blocks, " << config.gradAccumulation << " micro-step(s) per update\n";
+  for (const DeviceMemoryPlan &device : memory) {
+    out << "memory on " << device.device << " (estimate): " << formatBytes(device.total()) << "\n";
+    for (const auto &[what, bytes] : device.parts)
+      out << "  " << formatBytes(bytes) << "  " << what << "\n";
+  }
+  return out.str();
+}
+
+} // namespace dflex::runtime
