@@ -9,7 +9,7 @@ APT_PACKAGES=(
   libgtest-dev libssl-dev libisal-dev libyaml-cpp-dev libcli11-dev
 )
 TORCH_VERSION=2.11.0
-PIP_PACKAGES=("torch==${TORCH_VERSION}" transformers safetensors numpy lit)
+PIP_PACKAGES=("torch==${TORCH_VERSION}" transformers safetensors numpy lit matplotlib tensorboard)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -26,7 +26,7 @@ fi
 
 PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('${TORCH_VERSION}') else 1)" 2>/dev/null \
-   || ! "$PY" -c "import transformers, safetensors, numpy, lit" 2>/dev/null; then
+   || ! "$PY" -c "import transformers, safetensors, numpy, lit, matplotlib, tensorboard" 2>/dev/null; then
   echo "setup: installing PyPI packages: ${PIP_PACKAGES[*]}"
   "$PY" -m pip install -q "${PIP_PACKAGES[@]}"
 fi
