@@ -4,7 +4,8 @@
 # benchmarks, and prints a short table last. Needs the bundles made by
 # scripts/prepare_gpu.sh in .device/bundles. Logs go to $OUT (or /tmp/dflex-gpu).
 # DFLEX_SKIP_CHECKS=1 runs only the benchmarks, DFLEX_SKIP_BENCH=1 only the checks
-# (the two halves fit one device call each); DFLEX_SANITIZE=1 adds
+# (the two halves fit one device call each); DFLEX_ONLY="name ..." runs only the
+# steps named (after the build); DFLEX_SANITIZE=1 adds
 # compute-sanitizer memcheck and racecheck on both kernel harnesses.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +18,9 @@ summary=()
 step() { # name command...
   local name=$1 start status
   shift
+  if [ -n "${DFLEX_ONLY:-}" ] && [ "$name" != build ] && [[ " $DFLEX_ONLY " != *" $name "* ]]; then
+    return 0
+  fi
   start=$(date +%s)
   if "$@" >"$logs/$name.log" 2>&1; then status=ok; else status=FAILED; fi
   summary+=("$(printf '%-28s %-7s %5ss' "$name" "$status" "$(($(date +%s) - start))")")
@@ -25,20 +29,22 @@ step() { # name command...
 }
 
 # The machine has no package registry: where it lacks the headers of the
-# libraries the build links (OpenSSL, ISA-L, yaml-cpp), the Debian packages
+# libraries the build links (OpenSSL, ISA-L, yaml-cpp, CLI11), the Debian packages
 # prepare_gpu.sh put in .device/debs are unpacked into .device/sysroot.
 library_prefix() {
   local missing=()
   [ -f /usr/include/openssl/evp.h ] || missing+=(libssl)
   [ -f /usr/include/isa-l/crc.h ] || missing+=(libisal)
   [ -f /usr/include/yaml-cpp/yaml.h ] || missing+=(libyaml-cpp)
+  [ -f /usr/include/CLI/CLI.hpp ] || missing+=(libcli11)
   [ "${#missing[@]}" -gt 0 ] || return 0
   rm -rf .device/sysroot && mkdir -p .device/sysroot
   for package in "${missing[@]}"; do
     for deb in .device/debs/"$package"*.deb; do dpkg -x "$deb" .device/sysroot; done
   done
   echo "-DCMAKE_PREFIX_PATH=$root/.device/sysroot/usr -DOPENSSL_ROOT_DIR=$root/.device/sysroot/usr" \
-       "-Dyaml-cpp_DIR=$root/.device/sysroot/usr/lib/x86_64-linux-gnu/cmake/yaml-cpp"
+       "-Dyaml-cpp_DIR=$root/.device/sysroot/usr/lib/x86_64-linux-gnu/cmake/yaml-cpp" \
+       "-DCLI11_DIR=$root/.device/sysroot/usr/share/cmake/CLI11"
 }
 
 build_runtime() {
@@ -66,6 +72,8 @@ step build build_runtime
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step attention_bench python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles ${DFLEX_BENCH_ARGS:-}
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
+  step train_bench python3 bench/train_bench.py build-gpu .device/bundles
+[ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step attention_profile python3 bench/attention_profile.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles
 # FLA's public source, fetched into a git-ignored folder for the side-by-side baseline.
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] || [ ! -d third_party_bench/fla-src ] ||
@@ -73,7 +81,7 @@ step build build_runtime
 
 echo
 echo "== tables"
-grep -h '^|' "$logs/attention_bench.log" 2>/dev/null
+grep -h '^|' "$logs/attention_bench.log" "$logs/train_bench.log" 2>/dev/null
 grep -h -A8 '^| kernel' "$logs/attention_profile.log" 2>/dev/null
 grep -h '"impl": "fla"' "$logs/gated_delta_fla_bench.log" 2>/dev/null
 grep -hiE 'ms|x ' "$logs/gated_delta_kernels.log" 2>/dev/null | tail -n 8

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""A co-located dflex-train run on one GPU: a random Qwen3 target of 8 layers of hidden 1024
+(Qwen3-8B's attention: 32 query and 8 key/value heads of 128, its 151,936-token vocabulary) and a
+3-layer DFlash drafter, at the recipe's token budget (8192 context tokens, 512 blocks of 16).
+Prints tokens/s, the step-time breakdown and peak memory from the run's metrics.jsonl (the first
+log interval, warm-up, left out), then checks that an out-of-memory step is reported with the
+memory plan and a non-zero exit.
+
+usage: train_bench.py BUILD_DIR BUNDLES_DIR [--steps N]"""
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("build")
+parser.add_argument("bundles")
+parser.add_argument("--steps", type=int, default=60)
+args = parser.parse_args()
+train = os.path.join(args.build, "bin", "dflex-train")
+work = tempfile.mkdtemp(prefix="dflex-train-bench-")
+
+
+def make_target(directory):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    config = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                         num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=128, max_position_embeddings=40960, tie_word_embeddings=False,
+                         rope_theta=1000000.0, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(directory, safe_serialization=True)
+
+
+def make_data(path, samples=2000):
+    """Chat-length samples (200 to 2000 tokens) with a learnable structure: runs of arithmetic
+    progressions; the first quarter of each is the prompt, outside the loss."""
+    rng = random.Random(0)
+    with open(path, "w") as f:
+        for _ in range(samples):
+            length = rng.randrange(200, 2000)
+            ids, start = [], rng.randrange(150000)
+            while len(ids) < length:
+                stride = rng.randrange(1, 7)
+                ids += [(start + stride * i) % 151000 for i in range(rng.randrange(8, 64))]
+                start = rng.randrange(150000)
+            ids = ids[:length]
+            mask = [int(i >= length // 4) for i in range(length)]
+            f.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
+
+
+start = time.time()
+make_target(os.path.join(work, "target"))
+make_data(os.path.join(work, "data.jsonl"))
+print(f"target and data made in {time.time() - start:.0f} s", flush=True)
+
+config = os.path.join(work, "train.yaml")
+with open(config, "w") as f:
+    f.write(f"""target:
+  dir: {work}/target
+drafter:
+  num_layers: 3
+  mask_token_id: 151935
+kernels:
+  drafter_bundle: {args.bundles}/dflash
+  drafter_full_spec: drafter_attention
+  target_bundle: {args.bundles}/document_mask
+  target_full_spec: document_attention
+data:
+  path: {work}/data.jsonl
+train:
+  max_steps: {args.steps}
+checkpoint:
+  dir: {work}/run
+  interval: 1000000
+log:
+  interval: 10
+devices: [cuda]
+""")
+
+subprocess.run([train, "--config", config, "--dry-run"], check=True)
+start = time.time()
+run = subprocess.run([train, "--config", config, "--plain", "--no-report"])
+wall = time.time() - start
+if run.returncode != 0:
+    sys.exit(f"train_bench: dflex-train exited {run.returncode}")
+
+lines = [json.loads(line) for line in open(os.path.join(work, "run", "metrics.jsonl"))]
+measured = lines[1:]  # the first interval holds the warm-up
+parts = list(measured[0]["times_ms"])
+print(f"\n| dflex-train, {args.steps} updates, 8192 context tokens, 512 blocks of 16 | value |")
+print("|---|---|")
+print(f"| tokens/s (context tokens, mean of logged intervals after warm-up) | "
+      f"{statistics.mean(l['tokens_per_s'] for l in measured):.0f} |")
+for part in parts:
+    print(f"| {part} ms / update | {statistics.mean(l['times_ms'][part] for l in measured):.1f} |")
+peak = max(max(l["peak_memory_bytes"].values()) for l in measured)
+print(f"| peak memory (GiB) | {peak / 2**30:.2f} |")
+print(f"| loss first -> last interval | {lines[0]['loss']:.3f} -> {lines[-1]['loss']:.3f} |")
+print(f"| tau last interval | {lines[-1]['tau']:.3f} |")
+print(f"| wall time of the run incl. start-up (s) | {wall:.1f} |")
+
+# Out of memory: plain LibTorch target attention at a huge budget.
+oom = subprocess.run([train, "--config", config, "--plain", "--no-report", "--set",
+                      "kernels.target_bundle=\"\"", "data.token_budget=400000", "train.max_steps=1",
+                      f"checkpoint.dir={work}/oom"], capture_output=True, text=True)
+print("\nout-of-memory run: exit", oom.returncode)
+print(oom.stderr[-1500:])
+if oom.returncode == 0 or "out of memory" not in oom.stderr or "data.token_budget" not in oom.stderr:
+    sys.exit("train_bench: the out-of-memory step was not reported as it should be")
