@@ -20,7 +20,7 @@ import time
 parser = argparse.ArgumentParser()
 parser.add_argument("build")
 parser.add_argument("bundles")
-parser.add_argument("--steps", type=int, default=60)
+parser.add_argument("--steps", type=int, default=200)
 args = parser.parse_args()
 train = os.path.join(args.build, "bin", "dflex-train")
 work = tempfile.mkdtemp(prefix="dflex-train-bench-")
@@ -81,7 +81,7 @@ checkpoint:
   dir: {work}/run
   interval: 1000000
 log:
-  interval: 10
+  interval: 20
 devices: [cuda]
 """)
 

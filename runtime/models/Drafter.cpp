@@ -141,21 +141,10 @@ BundleDrafterAttention::BundleDrafterAttention(std::shared_ptr<const KernelBundl
       slidingSpec_(slidingWindowSpec.empty() ? nullptr
                                              : &slidingBundle_->attention(slidingWindowSpec)) {}
 
-Tensor BundleDrafterAttention::attend(const Tensor &q, const Tensor &k, const Tensor &v,
-                                      const DFlashBlocks &blocks, LayerKind kind,
-                                      std::optional<int64_t> window, double scale) const {
-  checkAttentionShapes(q, k, v, blocks);
-  const std::optional<int64_t> layerWindowSize = layerWindow(kind, window);
-  if (layerWindowSize && !slidingSpec_)
-    throw FormatError("drafter attention (bundle " + bundle_->directory() +
-                      "): no spec was given for sliding-window layers");
-  const std::shared_ptr<const KernelBundle> &bundle = layerWindowSize ? slidingBundle_ : bundle_;
-  const AttentionKernelSpec &spec = layerWindowSize ? *slidingSpec_ : *fullSpec_;
-  const std::string where =
-      "drafter attention (bundle " + bundle->directory() + ", spec '" + spec.name + "')";
-  if (std::abs(double(spec.scale) - scale) > 1e-6 * scale)
-    throw FormatError(where + ": the spec's scale " + std::to_string(spec.scale) +
-                      " differs from the layer's 1/sqrt(head_dim) = " + std::to_string(scale));
+std::vector<Tensor> BundleDrafterAttention::captures(const AttentionKernelSpec &spec,
+                                                    const std::string &where,
+                                                    const DFlashBlocks &blocks,
+                                                    std::optional<int64_t> window) const {
   const Tensor valid = blocks.blockValid.to(torch::kBool);
   std::vector<Tensor> captures;
   bool hasContextStart = false;
@@ -166,9 +155,9 @@ Tensor BundleDrafterAttention::attend(const Tensor &q, const Tensor &k, const Te
     } else if (name == "ctx_len") {
       captures.push_back(torch::tensor(blocks.contextLength, torch::kLong));
     } else if (name == "window") {
-      if (!layerWindowSize)
+      if (!window)
         throw FormatError(where + ": the spec captures a window, the layer has none");
-      captures.push_back(torch::tensor(*layerWindowSize, torch::kLong));
+      captures.push_back(torch::tensor(*window, torch::kLong));
     } else if (name == "context_start") {
       hasContextStart = true;
       captures.push_back(
@@ -183,7 +172,61 @@ Tensor BundleDrafterAttention::attend(const Tensor &q, const Tensor &k, const Te
     throw FormatError(where + ": the spec's mask has no context_start capture, but blocks of "
                               "this batch see context from a later document start (packed "
                               "rows); use a spec with context_start");
-  return attention(bundle, spec, q, k, v, captures).out;
+  return captures;
+}
+
+const AttentionKernelSpec &BundleDrafterAttention::specFor(std::optional<int64_t> window,
+                                                           std::string &where) const {
+  if (window && !slidingSpec_)
+    throw FormatError("drafter attention (bundle " + bundle_->directory() +
+                      "): no spec was given for sliding-window layers");
+  const AttentionKernelSpec &spec = window ? *slidingSpec_ : *fullSpec_;
+  where = "drafter attention (bundle " + (window ? slidingBundle_ : bundle_)->directory() +
+          ", spec '" + spec.name + "')";
+  return spec;
+}
+
+Tensor BundleDrafterAttention::attend(const Tensor &q, const Tensor &k, const Tensor &v,
+                                      const DFlashBlocks &blocks, LayerKind kind,
+                                      std::optional<int64_t> window, double scale) const {
+  checkAttentionShapes(q, k, v, blocks);
+  const std::optional<int64_t> layerWindowSize = layerWindow(kind, window);
+  std::string where;
+  const AttentionKernelSpec &spec = specFor(layerWindowSize, where);
+  if (std::abs(double(spec.scale) - scale) > 1e-6 * scale)
+    throw FormatError(where + ": the spec's scale " + std::to_string(spec.scale) +
+                      " differs from the layer's 1/sqrt(head_dim) = " + std::to_string(scale));
+  return attention(layerWindowSize ? slidingBundle_ : bundle_, spec, q, k, v,
+                   captures(spec, where, blocks, layerWindowSize))
+      .out;
+}
+
+void BundleDrafterAttention::checkMask(int64_t blockSize, std::optional<int64_t> window) const {
+  // Two documents of a packed row ([0, 9) and [9, 3 K + 9)), anchors in
+  // both and a padding block: every part of the pattern shows.
+  const int64_t context = 3 * blockSize + 9;
+  DFlashBlocks blocks;
+  blocks.anchors = torch::tensor({{3L, 9L + blockSize, 0L}}).reshape({1, 3});
+  blocks.blockValid = torch::tensor({{true, true, false}}).reshape({1, 3});
+  blocks.contextStart = torch::tensor({{0L, 9L, 0L}}).reshape({1, 3});
+  blocks.blockSize = blockSize;
+  blocks.contextLength = context;
+  std::string where;
+  const AttentionKernelSpec &spec = specFor(window, where);
+  const Tensor mask = attentionMask(spec, captures(spec, where, blocks, window), 1, 3 * blockSize,
+                                    context + 3 * blockSize);
+  const Tensor expected = dflashMask(blocks, window);
+  const Tensor wrong = (mask[0] != expected).nonzero();
+  if (wrong.size(0) == 0)
+    return;
+  const int64_t head = wrong[0][0].item<int64_t>(), q = wrong[0][1].item<int64_t>(),
+                kv = wrong[0][2].item<int64_t>();
+  throw FormatError(where + ": the mask is not the DFlash pattern of block_size " +
+                    std::to_string(blockSize) +
+                    (window ? " and sliding window " + std::to_string(*window) : std::string()) +
+                    ": on a probe of a packed row, query " + std::to_string(q) + " of head " +
+                    std::to_string(head) + (mask[0][head][q][kv].item<bool>() ? " sees" : " does not see") +
+                    " key " + std::to_string(kv) + " (the mask's block size is fixed in its body)");
 }
 
 // --- Modules ----------------------------------------------------------------------

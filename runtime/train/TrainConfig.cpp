@@ -77,14 +77,14 @@ const std::vector<TrainConfigKey> &trainConfigKeys() {
       {"data.token_budget", &T::tokenBudget, "context tokens packed into one step", 1, kMaxInt},
       {"data.max_anchors", &T::maxAnchors, "anchors (blocks) per row at most", 1, 65536},
       {"loss.gamma", &T::lossGamma, "block position k weighs exp(-(k-1)/gamma)", 1e-6, 1e6},
-      {"optimizer.lr", &T::learningRate, "AdamW peak learning rate", 0, 1},
+      {"optimizer.lr", &T::learningRate, "AdamW peak learning rate", 0, 1, {}, false, "learning_rate"},
       {"optimizer.betas", &T::betas, "AdamW betas (two values)", 0, 1},
       {"optimizer.eps", &T::eps, "AdamW epsilon", 0, 1},
       {"optimizer.weight_decay", &T::weightDecay, "AdamW decoupled weight decay", 0, 1},
       {"optimizer.warmup_ratio", &T::warmupRatio, "share of the steps with a linear warmup, then cosine decay", 0, 1},
       {"optimizer.grad_clip", &T::gradClip, "gradient-norm clip (0: none)", 0, 1e9},
       {"optimizer.grad_accumulation", &T::gradAccumulation, "steps whose gradients make one update", 1, 65536},
-      {"train.epochs", &T::epochs, "passes over the dataset", 1, 1e6},
+      {"train.epochs", &T::epochs, "passes over the dataset", 1, 1e6, {}, false, "num_epochs"},
       {"train.max_steps", &T::maxSteps, "updates at most (0: the epochs decide)", 0, kMaxInt, {}, true},
       {"train.seed", &T::seed, "seed of parameter init, data order and anchors", 0, kMaxInt},
       {"train.max_bad_steps", &T::maxBadSteps, "consecutive NaN/Inf steps skipped before the run aborts", 1, 1e6},
@@ -134,8 +134,9 @@ std::string unknownKey(const std::string &name) {
     const std::string leaf = candidate.substr(candidate.rfind('.') + 1);
     const std::string nameLeaf = name.substr(name.rfind('.') + 1);
     size_t distance = std::min(editDistance(name, candidate), editDistance(nameLeaf, leaf) + 1);
-    if (candidate.rfind(name, 0) == 0) // a key cut short
-      distance = std::min<size_t>(distance, 1);
+    if (candidate.rfind(name, 0) == 0 || (key.otherName && nameLeaf == key.otherName))
+      distance = std::min<size_t>(distance, 1); // a key cut short, or another trainer's name
+
     if (distance < best) {
       best = distance;
       closest = &key;

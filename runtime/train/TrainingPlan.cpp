@@ -4,6 +4,7 @@
 #include "dflex/runtime/bundle/GatedDeltaBundle.h"
 #include "dflex/runtime/bundle/KernelBundle.h"
 #include "dflex/runtime/checkpoint/SafeTensors.h"
+#include "dflex/runtime/models/Drafter.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -134,6 +135,19 @@ void checkBundles(const TrainingPlan &plan) {
     if (d.slidingWindow)
       checkAttentionSpec(*bundle, "kernels.drafter_sliding_spec", c.drafterSlidingSpec,
                          d.numAttentionHeads, d.numKeyValueHeads, d.headDim);
+    const models::BundleDrafterAttention attention(bundle, c.drafterFullSpec,
+                                                   d.slidingWindow ? c.drafterSlidingSpec : "");
+    try {
+      attention.checkMask(plan.drafter.dflash.blockSize);
+    } catch (const FormatError &error) {
+      fail("kernels.drafter_full_spec", error.what());
+    }
+    try {
+      if (d.slidingWindow)
+        attention.checkMask(plan.drafter.dflash.blockSize, d.slidingWindow);
+    } catch (const FormatError &error) {
+      fail("kernels.drafter_sliding_spec", error.what());
+    }
   }
   const TransformerConfig &t = plan.target;
   if (plan.targetDevice.is_cuda() && !c.targetBundle.empty()) {

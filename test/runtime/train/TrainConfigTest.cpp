@@ -92,7 +92,7 @@ TEST(TrainConfig, UnknownKeysNameTheClosestOne) {
   TempDir dir;
   const std::string path = writeConfig(dir, "optimizer:\n  learning_rate: 1e-4\n");
   expectError<FormatError>([&] { loadTrainConfig(path); },
-                           {path + ":2:3", "unknown key 'optimizer.learning_rate'"});
+                           {path + ":2:3", "unknown key 'optimizer.learning_rate'", "did you mean 'optimizer.lr'"});
   expectError<FormatError>([&] { loadTrainConfig("", {"drafter.block=8"}); },
                            {"--set drafter.block", "did you mean 'drafter.block_size'"});
   // A key in the wrong section.
@@ -154,3 +154,12 @@ TEST(TrainConfig, DescriptionListsEveryKeyWithItsDefault) {
 }
 
 } // namespace
+
+TEST(TrainConfig, EveryKeyIsDocumented) {
+  const std::string doc =
+      dflex::runtime::test::readBytes(std::string(DFLEX_TEST_SOURCE_DIR) + "/../../../docs/train.md");
+  ASSERT_FALSE(doc.empty());
+  for (const TrainConfigKey &key : trainConfigKeys())
+    EXPECT_NE(doc.find("`" + std::string(key.name) + "`"), std::string::npos)
+        << key.name << " is not in docs/train.md";
+}

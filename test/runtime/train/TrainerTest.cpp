@@ -5,6 +5,7 @@
 // format and reloads into the same drafter, non-finite steps abort, and bad
 // data is named before the first step.
 #include "TestSupport.h"
+#include "models/ModelTestSupport.h"
 
 #include "dflex/Support/Error.h"
 #include "dflex/Support/JsonObject.h"
@@ -316,4 +317,23 @@ TEST(Trainer, PlanNamesTheKeyOfWhatDoesNotFitTheTarget) {
   const std::string text = plan.describe();
   EXPECT_NE(text.find("memory on cpu"), std::string::npos) << text;
   EXPECT_NE(text.find("AdamW master weights"), std::string::npos) << text;
+}
+
+TEST(Trainer, TheDrafterBundleMustServeTheDrafterShapesAndBlockSize) {
+  const std::string bundle = test::exampleBundle("dflash"); // heads(32, 8) x 128, blocks of 16
+  if (bundle.empty())
+    GTEST_SKIP() << "needs the example bundles ($DFLEX_ATTENTION_BUNDLES or a build with dflex-compile)";
+  TempDir dir;
+  const std::string data = writeJsonl(dir, learnableSamples(4, 8));
+  std::vector<std::string> cuda = {"devices=[cuda]", "drafter.dtype=bfloat16",
+                                   "kernels.drafter_bundle=" + bundle,
+                                   "drafter.layer_types=[full_attention, full_attention]"};
+  test::expectError<FormatError>([&] { planTraining(tinyConfig(data, dir.file("run"), cuda)); },
+                                 {"kernels.drafter_full_spec", "heads(32, 8) head_dim(128)", "heads(4, 2)"});
+  for (const char *shape : {"drafter.num_attention_heads=32", "drafter.num_key_value_heads=8", "drafter.head_dim=128"})
+    cuda.push_back(shape);
+  test::expectError<FormatError>([&] { planTraining(tinyConfig(data, dir.file("run"), cuda)); },
+                                 {"kernels.drafter_full_spec", "DFlash pattern of block_size 4"});
+  cuda.push_back("drafter.block_size=16");
+  EXPECT_NO_THROW(planTraining(tinyConfig(data, dir.file("run"), cuda)));
 }

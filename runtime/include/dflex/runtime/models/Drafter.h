@@ -92,7 +92,18 @@ public:
                        const DFlashBlocks &blocks, LayerKind kind, std::optional<int64_t> window,
                        double scale) const override;
 
+  /// Throws FormatError unless the spec of full-attention layers (of
+  /// sliding-window layers, given a window) computes dflashMask for
+  /// `blockSize` on a probe of a packed row: a bundle compiled for another
+  /// block size or window is refused before training.
+  void checkMask(int64_t blockSize, std::optional<int64_t> window = std::nullopt) const;
+
 private:
+  const AttentionKernelSpec &specFor(std::optional<int64_t> window, std::string &where) const;
+  std::vector<torch::Tensor> captures(const AttentionKernelSpec &spec, const std::string &where,
+                                      const DFlashBlocks &blocks,
+                                      std::optional<int64_t> window) const;
+
   std::shared_ptr<const KernelBundle> bundle_;
   const AttentionKernelSpec *fullSpec_;
   std::shared_ptr<const KernelBundle> slidingBundle_;

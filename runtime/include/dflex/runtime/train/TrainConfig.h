@@ -44,7 +44,7 @@ struct TrainConfig {
   std::string drafterFullSpec = "drafter_attention";
   std::string drafterSlidingSpec = "drafter_sliding_window_attention";
   std::string targetBundle; // empty: the target's attention in plain LibTorch
-  std::string targetFullSpec = "document_causal_attention";
+  std::string targetFullSpec = "document_attention";
   std::string targetSlidingSpec;
   std::string targetGatedDeltaBundle; // empty: the recurrence in plain LibTorch
   std::string targetGatedDeltaSpec;
@@ -95,6 +95,9 @@ struct TrainConfigKey {
   std::vector<std::string> choices;
   /// May differ when resuming a run (lengths, intervals, devices).
   bool changesOnResume = false;
+  /// What other trainers call it ("learning_rate"): an unknown key of that
+  /// name suggests this one.
+  const char *otherName = nullptr;
 };
 
 /// Every key, in the order --help and written configs list them.
