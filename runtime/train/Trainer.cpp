@@ -199,7 +199,10 @@ RunState readCheckpoint(const std::string &directory, const TrainConfig &config,
 /// Peak bytes of each device since the last call (and resets the peak).
 JsonValue peakMemory(const TrainingPlan &plan) {
   JsonValue peaks = JsonValue::object();
-  for (const torch::Device &device : {plan.targetDevice, plan.drafterDevice}) {
+  std::vector<torch::Device> devices = {plan.targetDevice};
+  if (plan.drafterDevice != plan.targetDevice)
+    devices.push_back(plan.drafterDevice); // each read resets the peak: once per device
+  for (const torch::Device &device : devices) {
     if (device.is_cuda()) {
       const int index = device.has_index() ? device.index() : 0;
       const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
