@@ -29,7 +29,7 @@ step() { # name command...
 }
 
 # The machine has no package registry: where it lacks the headers of the
-# libraries the build links (OpenSSL, ISA-L, yaml-cpp, CLI11), the Debian packages
+# libraries the build links (OpenSSL, ISA-L, yaml-cpp, CLI11, Gloo's headers), the Debian packages
 # prepare_gpu.sh put in .device/debs are unpacked into .device/sysroot.
 library_prefix() {
   local missing=()
@@ -37,6 +37,7 @@ library_prefix() {
   [ -f /usr/include/isa-l/crc.h ] || missing+=(libisal)
   [ -f /usr/include/yaml-cpp/yaml.h ] || missing+=(libyaml-cpp)
   [ -f /usr/include/CLI/CLI.hpp ] || missing+=(libcli11)
+  [ -f /usr/include/gloo/algorithm.h ] || missing+=(libgloo-dev)
   [ "${#missing[@]}" -gt 0 ] || return 0
   rm -rf .device/sysroot && mkdir -p .device/sysroot
   for package in "${missing[@]}"; do

@@ -22,5 +22,5 @@ done
 # the machine lacks their headers.
 rm -rf "$root/.device/debs"
 mkdir -p "$root/.device/debs"
-(cd "$root/.device/debs" && apt-get download -q libssl-dev libssl3 libisal-dev libisal2 libyaml-cpp-dev libyaml-cpp0.7 libcli11-dev 2>/dev/null)
+(cd "$root/.device/debs" && apt-get download -q libssl-dev libssl3 libisal-dev libisal2 libyaml-cpp-dev libyaml-cpp0.7 libcli11-dev libgloo-dev 2>/dev/null)
 du -sh "$root/.device/bundles" "$root/.device/debs"

@@ -6,7 +6,7 @@ set -euo pipefail
 APT_PACKAGES=(
   cmake ninja-build ccache g++ git python3
   libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools
-  libgtest-dev libssl-dev libisal-dev libyaml-cpp-dev libcli11-dev
+  libgtest-dev libssl-dev libisal-dev libyaml-cpp-dev libcli11-dev libgloo-dev
 )
 TORCH_VERSION=2.11.0
 PIP_PACKAGES=("torch==${TORCH_VERSION}" transformers safetensors numpy lit matplotlib tensorboard)

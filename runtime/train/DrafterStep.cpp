@@ -76,10 +76,30 @@ double BlockAccuracy::acceptanceLength() const {
   return 1.0 + (blocks ? double(acceptedTokens) / double(blocks) : 0.0);
 }
 
+void BlockAccuracy::sumOver(DataParallel &ranks) {
+  if (ranks.worldSize() == 1)
+    return;
+  std::vector<double> counts(correct.begin(), correct.end());
+  counts.insert(counts.end(), counted.begin(), counted.end());
+  counts.push_back(double(blocks));
+  counts.push_back(double(acceptedTokens));
+  torch::Tensor total = torch::tensor(counts, torch::kDouble);
+  ranks.sum({total}, "accuracy counts");
+  const auto t = total.accessor<double, 1>();
+  const size_t k = correct.size();
+  for (size_t i = 0; i < k; ++i) {
+    correct[i] = int64_t(t[int64_t(i)]);
+    counted[i] = int64_t(t[int64_t(k + i)]);
+  }
+  blocks = int64_t(t[int64_t(2 * k)]);
+  acceptedTokens = int64_t(t[int64_t(2 * k + 1)]);
+}
+
 DrafterStep::DrafterStep(models::DFlashDrafter drafter, DrafterOptimizer &optimizer,
-                         ContextFeatureProducer features, BlockLossOptions lossOptions)
+                         ContextFeatureProducer features, BlockLossOptions lossOptions,
+                         DataParallel *ranks)
     : drafter_(std::move(drafter)), optimizer_(optimizer), features_(std::move(features)),
-      lossOptions_(lossOptions) {}
+      lossOptions_(lossOptions), ranks_(ranks) {}
 
 StepMetrics DrafterStep::run(const std::vector<TrainingBatch> &microBatches, double learningRate) {
   StepMetrics metrics;
@@ -89,6 +109,10 @@ StepMetrics DrafterStep::run(const std::vector<TrainingBatch> &microBatches, dou
   for (const TrainingBatch &batch : microBatches) {
     weightSum += batch.weights.sum().item<double>();
     metrics.contextTokens += (batch.documentIds >= 0).sum().item<int64_t>();
+  }
+  if (ranks_) {
+    weightSum = ranks_->sum(weightSum, "the update's loss weight");
+    metrics.contextTokens = int64_t(ranks_->sum(double(metrics.contextTokens), "context tokens"));
   }
   BlockLossOptions lossOptions = lossOptions_;
   // No weight at all: a zero loss, every pass still runs (ranks stay in step).
@@ -119,6 +143,13 @@ StepMetrics DrafterStep::run(const std::vector<TrainingBatch> &microBatches, dou
     metrics.accuracy.add(loss.correct, batch.weights);
   }
 
+  if (ranks_) {
+    const Clock::time_point start = Clock::now();
+    ranks_->sum(optimizer_.gradientBuckets(), "gradients");
+    metrics.times.allReduceMs = millisecondsSince(start, device);
+    metrics.loss = ranks_->sum(metrics.loss, "loss");
+    metrics.accuracy.sumOver(*ranks_);
+  }
   if (!std::isfinite(metrics.loss)) {
     optimizer_.discardGradients();
     metrics.badTensor = "loss";

@@ -32,11 +32,35 @@ DrafterOptimizer::DrafterOptimizer(std::vector<std::pair<std::string, torch::Ten
     slot.name = name;
     slot.parameter = parameter;
     slot.master = parameter.detach().to(torch::kFloat).clone();
-    slot.grad = torch::zeros_like(slot.master);
     slot.expAvg = torch::zeros_like(slot.master);
     slot.expAvgSq = torch::zeros_like(slot.master);
     slots_.push_back(std::move(slot));
   }
+  // Buckets from the last parameter back; each slot's accumulator is a view.
+  size_t end = slots_.size();
+  while (end > 0) {
+    size_t begin = end;
+    int64_t elements = 0;
+    while (begin > 0 && (elements == 0 || (elements + slots_[begin - 1].master.numel()) * 4 <= kBucketBytes))
+      elements += slots_[--begin].master.numel();
+    torch::Tensor bucket = torch::zeros({elements}, slots_[begin].master.options());
+    int64_t offset = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const int64_t n = slots_[i].master.numel();
+      slots_[i].grad = bucket.narrow(0, offset, n).view(slots_[i].master.sizes());
+      offset += n;
+    }
+    buckets_.push_back(bucket);
+    end = begin;
+  }
+}
+
+double DrafterOptimizer::checksum() const {
+  torch::NoGradGuard noGrad;
+  std::vector<torch::Tensor> sums;
+  for (const Slot &slot : slots_)
+    sums.push_back(slot.master.to(torch::kDouble).sum());
+  return torch::stack(sums).sum().item<double>();
 }
 
 void DrafterOptimizer::accumulate() {

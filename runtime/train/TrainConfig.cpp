@@ -96,6 +96,8 @@ const std::vector<TrainConfigKey> &trainConfigKeys() {
       {"log.eval_interval", &T::evalInterval, "updates between evaluations (0: none)", 0, kMaxInt, {}, true},
       {"devices", &T::devices,
        "cpu, cuda (target and drafter on one GPU), cuda:N, or two devices: target's, drafter's", {}, {}, {}, true},
+      {"distributed.timeout_s", &T::distributedTimeoutSeconds,
+       "seconds a collective waits for the other ranks before the run stops naming it", 1, 86400, {}, true},
   };
   return keys;
 }

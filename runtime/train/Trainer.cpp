@@ -7,6 +7,7 @@
 #include "dflex/runtime/bundle/KernelBundle.h"
 #include "dflex/runtime/checkpoint/CheckpointStore.h"
 #include "dflex/runtime/checkpoint/SafeTensors.h"
+#include "dflex/runtime/distributed/DataParallel.h"
 #include "dflex/runtime/models/KernelHooks.h"
 #include "dflex/runtime/support/FileIo.h"
 #include "dflex/runtime/support/Random.h"
@@ -123,7 +124,7 @@ void setCpuGeneratorState(const torch::Tensor &state) {
 
 void writeCheckpoint(const std::string &directory, const TrainingPlan &plan,
                      const models::DFlashDrafter &drafter, const DrafterOptimizer &optimizer,
-                     const RunState &state) {
+                     const RunState &state, int worldSize) {
   drafter->save(directory, torch::kBFloat16);
   NamedTensors tensors;
   for (const auto &[name, tensor] : optimizer.state())
@@ -139,8 +140,10 @@ void writeCheckpoint(const std::string &directory, const TrainingPlan &plan,
   json["step"] = state.step;
   json["skipped_steps"] = state.skippedSteps;
   json["consecutive_bad_steps"] = state.consecutiveBad;
+  // The cursor is the same on every rank (TrainingData): one for all, and
+  // a resume with another number of ranks continues the same row order.
+  json["world_size"] = worldSize;
   JsonValue rank = JsonValue::object();
-  rank["rank"] = 0;
   rank["epoch"] = state.data.epoch;
   rank["position"] = state.data.position;
   rank["rows_in_epoch"] = state.data.rowsInEpoch;
@@ -176,7 +179,7 @@ RunState readCheckpoint(const std::string &directory, const TrainConfig &config,
   state.consecutiveBad = object.integer("consecutive_bad_steps");
   const JsonValue *ranks = json.find("data");
   if (!ranks || !ranks->isArray() || ranks->asArray().size() != 1)
-    object.fail("data", "expected one rank's cursor");
+    object.fail("data", "expected the run's data cursor");
   const JsonObject rank(ranks->asArray().front(), statePath + ": data[0]");
   state.data.epoch = rank.integer("epoch");
   state.data.position = uint64_t(rank.integer("position"));
@@ -390,11 +393,26 @@ std::string outOfMemoryAdvice(const TrainingPlan &plan, int64_t step, const Trai
   return out.str();
 }
 
-/// Updates of the run: train.max_steps, else the epochs' rows in updates.
-int64_t totalUpdates(const TrainConfig &c, uint64_t epochRows) {
+/// Updates of the run: train.max_steps, else the epochs' rows (of all
+/// ranks) in updates of gradAccumulation rows per rank.
+int64_t totalUpdates(const TrainConfig &c, uint64_t epochRows, int worldSize) {
   if (c.maxSteps > 0)
     return c.maxSteps;
-  return std::max<int64_t>(1, (c.epochs * int64_t(epochRows) + c.gradAccumulation - 1) / c.gradAccumulation);
+  const int64_t rowsPerUpdate = c.gradAccumulation * worldSize;
+  return std::max<int64_t>(1, (c.epochs * int64_t(epochRows) + rowsPerUpdate - 1) / rowsPerUpdate);
+}
+
+/// Ranks that hold different weights have diverged (a bug, or hardware):
+/// stop rather than train on.
+void checkRanksAgree(DataParallel &ranks, const DrafterOptimizer &optimizer, int64_t step) {
+  if (ranks.worldSize() == 1)
+    return;
+  const std::vector<double> sums = ranks.gather(optimizer.checksum(), "parameter checksums");
+  for (int r = 1; r < ranks.worldSize(); ++r)
+    if (sums[size_t(r)] != sums[0])
+      throw TrainingAborted("step " + std::to_string(step) + ": the weights of rank " + std::to_string(r) +
+                            " differ from rank 0's (checksums " + std::to_string(sums[size_t(r)]) + " and " +
+                            std::to_string(sums[0]) + ")");
 }
 
 } // namespace
@@ -403,23 +421,33 @@ std::string dryRun(const TrainingPlan &plan) {
   const TrainingData data(plan.config, plan.target.vocabSize, 0, 1);
   const uint64_t rows = data.countEpochRows();
   return plan.describe() + "data: " + data.path() + ": " + std::to_string(rows) +
-         " rows per epoch, every sample valid; " + std::to_string(totalUpdates(plan.config, rows)) +
-         " updates\n";
+         " rows per epoch, every sample valid; " +
+         std::to_string(totalUpdates(plan.config, rows, plan.ranks.worldSize)) + " updates\n";
 }
 
 TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
   const TrainConfig &c = plan.config;
-  Progress progress(options.out, options.progressBar, 0);
+  // Rank 0 writes checkpoints and logs; every rank takes the same steps.
+  DataParallel ranks(plan.ranks, plan.drafterDevice, std::chrono::seconds(c.distributedTimeoutSeconds));
+  const bool leader = ranks.rank() == 0;
+  std::ostream *out = leader ? options.out : nullptr;
+  Progress progress(out, options.progressBar, 0);
 
-  CheckpointStore store(c.checkpointDir, c.keepLast);
+  // The leader removes leftovers of interrupted writes before others look.
+  std::optional<CheckpointStore> store;
+  if (leader)
+    store.emplace(c.checkpointDir, c.keepLast);
+  ranks.sum(0.0, "checkpoint directory opened");
+  if (!leader)
+    store.emplace(c.checkpointDir, c.keepLast);
   std::optional<std::string> resumeFrom;
   if (options.resume)
-    resumeFrom = store.resolve(*options.resume);
+    resumeFrom = store->resolve(*options.resume);
 
   // Data first: bad samples are named before anything heavy loads.
-  TrainingData data(c, plan.target.vocabSize, 0, 1);
+  TrainingData data(c, plan.target.vocabSize, ranks.rank(), ranks.worldSize());
   const uint64_t epochRows = data.countEpochRows();
-  const int64_t totalSteps = totalUpdates(c, epochRows);
+  const int64_t totalSteps = totalUpdates(c, epochRows, ranks.worldSize());
   const LearningRateSchedule schedule =
       LearningRateSchedule::warmupCosine(c.learningRate, c.warmupRatio, totalSteps);
 
@@ -436,31 +464,39 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
   RunState state;
   if (resumeFrom) {
     state = readCheckpoint(*resumeFrom, c, optimizer);
-    data = TrainingData(c, plan.target.vocabSize, 0, 1, std::move(state.data));
+    data = TrainingData(c, plan.target.vocabSize, ranks.rank(), ranks.worldSize(), std::move(state.data));
   }
   const std::string logDir = c.logDir.empty() ? c.checkpointDir : c.logDir;
-  MetricsLog metrics(logDir, resumeFrom ? std::optional<int64_t>(state.step) : std::nullopt);
+  std::optional<MetricsLog> metrics;
+  if (leader)
+    metrics.emplace(logDir, resumeFrom ? std::optional<int64_t>(state.step) : std::nullopt);
 
-  progress = Progress(options.out, options.progressBar, totalSteps);
-  progress.message(resumeFrom ? "resuming " + *resumeFrom + " at step " + std::to_string(state.step)
-                              : "training " + std::to_string(totalSteps) + " updates (" +
-                                    std::to_string(epochRows) + " rows per epoch)");
+  progress = Progress(out, options.progressBar, totalSteps);
+  progress.message((resumeFrom ? "resuming " + *resumeFrom + " at step " + std::to_string(state.step)
+                               : "training " + std::to_string(totalSteps) + " updates (" +
+                                     std::to_string(epochRows) + " rows per epoch)") +
+                   (ranks.worldSize() > 1 ? " on " + std::to_string(ranks.worldSize()) + " ranks" : ""));
 
   BlockOptions blocks;
   blocks.blockSize = c.blockSize;
   blocks.maxAnchors = c.maxAnchors;
   blocks.maskTokenId = int32_t(c.maskTokenId);
   blocks.gamma = c.lossGamma;
-  DrafterStep step(drafter, optimizer, targetFeatures(target, plan.drafter.dflash.targetLayerIds));
+  DrafterStep step(drafter, optimizer, targetFeatures(target, plan.drafter.dflash.targetLayerIds), {},
+                   &ranks);
 
   TrainResult result;
   auto checkpoint = [&] {
-    state.data = data.cursor();
-    result.checkpoint = store.save(state.step, [&](const std::string &directory) {
-      writeCheckpoint(directory, plan, drafter, optimizer, state);
-    });
+    state.data = data.cursor(); // the same on every rank
+    if (leader) {
+      store->save(state.step, [&](const std::string &directory) {
+        writeCheckpoint(directory, plan, drafter, optimizer, state, ranks.worldSize());
+      });
+    }
+    ranks.sum(0.0, "checkpoint written");
+    result.checkpoint = (fs::path(c.checkpointDir) / CheckpointStore::nameOf(state.step)).string();
     progress.message("checkpoint " + result.checkpoint);
-    if (options.afterCheckpoint)
+    if (leader && options.afterCheckpoint)
       options.afterCheckpoint();
   };
   int64_t lastCheckpoint = state.step;
@@ -469,15 +505,17 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
   peakMemory(plan); // the intervals' peaks start here
 
   while (state.step < totalSteps) {
-    if (options.stop && options.stop->load()) {
+    // A signal to any rank stops them all, after the same step.
+    if (ranks.any(options.stop && options.stop->load(), "stop request")) {
       result.interrupted = true;
       break;
     }
     const Clock::time_point start = Clock::now();
     std::vector<TrainingBatch> microBatches;
-    for (int64_t micro = 0; micro < c.gradAccumulation; ++micro)
-      microBatches.push_back(makeTrainingBatch(
-          {data.next()}, blocks, mixSeed(uint64_t(c.seed), uint64_t(state.step), uint64_t(micro))));
+    for (int64_t micro = 0; micro < c.gradAccumulation; ++micro) {
+      const PackedRow row = data.next();
+      microBatches.push_back(makeTrainingBatch({row}, blocks, mixSeed(uint64_t(c.seed), data.rowKey())));
+    }
     const double dataMs = secondsSince(start) * 1e3;
 
     StepMetrics m;
@@ -536,9 +574,13 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
       times["drafter_forward"] = interval.times.forwardMs * per;
       times["backward"] = interval.times.backwardMs * per;
       times["optimizer"] = interval.times.optimizerMs * per;
+      if (ranks.worldSize() > 1)
+        times["all_reduce"] = interval.times.allReduceMs * per;
       line["peak_memory_bytes"] = peakMemory(plan);
-      metrics.append(line);
+      if (metrics)
+        metrics->append(line);
       interval = IntervalMetrics();
+      checkRanksAgree(ranks, optimizer, state.step);
     }
     if (state.step % c.checkpointInterval == 0 || state.step == totalSteps) {
       checkpoint();

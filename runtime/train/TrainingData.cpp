@@ -1,6 +1,7 @@
 #include "dflex/runtime/train/TrainingData.h"
 
 #include "dflex/Support/Error.h"
+#include "dflex/runtime/support/Random.h"
 
 #include <filesystem>
 
@@ -13,9 +14,6 @@ TrainingData::TrainingData(const TrainConfig &config, int64_t vocabSize, int ran
       epoch_(cursor.epoch), rowsInEpoch_(cursor.rowsInEpoch) {
   if (!std::filesystem::exists(path_))
     throw FormatError("config: data.path: '" + path_ + "' does not exist");
-  if (!binary_ && worldSize_ > 1)
-    throw FormatError("config: data.path: a JSONL file trains on one rank; convert it to a dataset "
-                      "directory with dflex-data for " + std::to_string(worldSize_) + " ranks");
   packing_.tokenBudget = config.tokenBudget;
   source_ = openSource(epoch_, cursor.position);
   packer_ = std::make_unique<Packer>(*source_, packing_, std::move(cursor.pending));
@@ -36,18 +34,28 @@ std::unique_ptr<SampleSource> TrainingData::openSource(int64_t epoch, uint64_t p
   options.shuffle = true;
   options.seed = seed_;
   options.epoch = uint64_t(epoch);
-  options.rank = rank_;
-  options.worldSize = worldSize_;
   options.startPosition = position;
   return std::make_unique<TokenDatasetReader>(std::move(dataset), options);
 }
 
 PackedRow TrainingData::next() {
+  PackedRow mine;
+  for (int r = 0; r < worldSize_; ++r) {
+    PackedRow row = nextOfAll();
+    if (r == rank_) {
+      mine = std::move(row);
+      rowKey_ = mixSeed(uint64_t(epoch_), rowsInEpoch_);
+    }
+  }
+  return mine;
+}
+
+PackedRow TrainingData::nextOfAll() {
   PackedRow row;
   while (!packer_->next(row)) {
     if (rowsInEpoch_ == 0)
       throw FormatError(path_ + ": epoch " + std::to_string(epoch_) +
-                        " has no sample with a loss-mask position for rank " + std::to_string(rank_));
+                        " has no sample with a loss-mask position");
     ++epoch_;
     rowsInEpoch_ = 0;
     packer_.reset();

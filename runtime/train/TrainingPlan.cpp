@@ -237,10 +237,11 @@ std::string formatBytes(uint64_t bytes) {
   return text;
 }
 
-TrainingPlan planTraining(const TrainConfig &config) {
+TrainingPlan planTraining(const TrainConfig &config, const RankEnvironment &ranks) {
   checkTrainConfig(config);
   TrainingPlan plan;
   plan.config = config;
+  plan.ranks = ranks;
   if (config.targetDir.empty())
     fail("target.dir", "is not set: give the target's Hugging Face model directory");
   try {
@@ -253,8 +254,11 @@ TrainingPlan planTraining(const TrainConfig &config) {
   }
   plan.drafter = resolveDrafter(config, plan.target);
   plan.drafterParameters = drafterParameterCount(plan.drafter, plan.target.hiddenSize);
-  plan.targetDevice = torch::Device(config.devices.front());
-  plan.drafterDevice = torch::Device(config.devices.back());
+  auto device = [&](const std::string &name) {
+    return name == "cuda" ? torch::Device(torch::kCUDA, int8_t(ranks.localRank)) : torch::Device(name);
+  };
+  plan.targetDevice = device(config.devices.front());
+  plan.drafterDevice = device(config.devices.back());
   plan.targetDtype = dtypeOf(config.targetDtype);
   plan.drafterDtype = dtypeOf(config.drafterDtype);
   if (config.dataset.empty())

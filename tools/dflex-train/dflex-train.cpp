@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
 
   TrainingPlan plan;
   try {
-    plan = planTraining(loadTrainConfig(configPath, overrides));
+    plan = planTraining(loadTrainConfig(configPath, overrides), RankEnvironment::fromEnvironment());
   } catch (const dflex::FormatError &error) {
     std::cerr << "dflex-train: " << error.what() << "\n";
     return 2;

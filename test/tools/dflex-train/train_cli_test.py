@@ -16,50 +16,18 @@ import time
 
 from safetensors import safe_open
 
+from train_fixture import check, make_run
+
 train, target_reference = sys.argv[1], sys.argv[2]
 work = tempfile.mkdtemp(prefix="dflex-train-test-")
-
-
-def check(condition, message):
-    if not condition:
-        sys.exit("train_cli_test: " + message)
 
 
 def run(*args, timeout=300):
     return subprocess.run([train, *args], capture_output=True, text=True, timeout=timeout)
 
 
-subprocess.run([sys.executable, target_reference, "--model", "qwen3", "--out", work], check=True,
-               capture_output=True)
-data = os.path.join(work, "data.jsonl")
-rng = random.Random(0)
-with open(data, "w") as f:
-    for _ in range(40):
-        start, stride, length = rng.randrange(400), rng.randrange(1, 4), rng.randrange(12, 40)
-        ids = [(start + stride * i) % 500 for i in range(length)]
-        f.write(json.dumps({"input_ids": ids, "loss_mask": [int(i >= 2) for i in range(length)]}) + "\n")
-
-config = os.path.join(work, "train.yaml")
-with open(config, "w") as f:
-    f.write(f"""target:
-  dir: {work}/model
-  dtype: float32
-drafter:
-  num_layers: 2
-  layer_types: [full_attention, sliding_attention]
-  sliding_window: 8
-  intermediate_size: 96
-  target_layer_ids: [0, 1]
-  block_size: 4
-  mask_token_id: 511
-  dtype: float32
-data:
-  path: {data}
-  token_budget: 64
-  max_anchors: 8
-log:
-  interval: 1
-""")
+config = make_run(work, target_reference)
+rng = random.Random(1)
 
 # --help: every key with its default.
 result = run("--help")

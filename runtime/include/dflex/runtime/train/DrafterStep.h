@@ -8,6 +8,7 @@
 #pragma once
 
 #include "dflex/runtime/data/Batching.h"
+#include "dflex/runtime/distributed/DataParallel.h"
 #include "dflex/runtime/loss/BlockLoss.h"
 #include "dflex/runtime/models/Drafter.h"
 #include "dflex/runtime/models/TargetModel.h"
@@ -40,12 +41,15 @@ struct BlockAccuracy {
   void add(const torch::Tensor &correct, const torch::Tensor &weights);
   std::vector<double> byPosition() const;
   double acceptanceLength() const;
+  /// The counts summed over the ranks.
+  void sumOver(DataParallel &ranks);
 };
 
 /// Wall time of each part of an update; on CUDA each part ends with a
 /// synchronisation, so that the time is the part's and not its launch's.
 struct StepTimes {
   double featuresMs = 0, transferMs = 0, forwardMs = 0, backwardMs = 0, optimizerMs = 0;
+  double allReduceMs = 0; ///< summing the gradients over the ranks
 };
 
 struct StepMetrics {
@@ -61,8 +65,14 @@ struct StepMetrics {
 
 class DrafterStep {
 public:
+  /// With `ranks`, the update is that of all ranks' micro-batches together:
+  /// every loss is normalised by the weight sum over all ranks, the float32
+  /// gradient buckets are summed over the ranks before the optimizer, and
+  /// the metrics (loss, accuracy counts, tokens) are the ranks' totals, so
+  /// every rank takes the same decision on a non-finite step.
   DrafterStep(models::DFlashDrafter drafter, DrafterOptimizer &optimizer,
-              ContextFeatureProducer features, BlockLossOptions lossOptions = {});
+              ContextFeatureProducer features, BlockLossOptions lossOptions = {},
+              DataParallel *ranks = nullptr);
 
   /// One update from `microBatches` at `learningRate`. The loss of each
   /// micro-batch is normalised by the weight sum of all of them, so the
@@ -75,6 +85,7 @@ private:
   DrafterOptimizer &optimizer_;
   ContextFeatureProducer features_;
   BlockLossOptions lossOptions_;
+  DataParallel *ranks_;
 };
 
 } // namespace dflex::runtime

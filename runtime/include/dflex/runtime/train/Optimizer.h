@@ -61,6 +61,16 @@ public:
 
   int64_t updates() const { return updates_; }
 
+  /// The float32 gradient accumulators, as flat buckets of about
+  /// kBucketBytes (parameters in reverse order, as a backward produces
+  /// them): what data-parallel ranks sum before step().
+  const std::vector<torch::Tensor> &gradientBuckets() const { return buckets_; }
+  static constexpr int64_t kBucketBytes = int64_t(25) << 20;
+
+  /// A float64 sum over the master weights, for checking that ranks hold
+  /// the same weights.
+  double checksum() const;
+
   /// Master weights, moments and the update count, by name
   /// ("master.<p>", "exp_avg.<p>", "exp_avg_sq.<p>", "updates"), on the CPU.
   std::map<std::string, torch::Tensor> state() const;
@@ -74,6 +84,7 @@ private:
     torch::Tensor parameter, master, grad, expAvg, expAvgSq;
   };
   std::vector<Slot> slots_;
+  std::vector<torch::Tensor> buckets_; // slots' grad are views into them
   AdamWOptions options_;
   int64_t updates_ = 0;
 };

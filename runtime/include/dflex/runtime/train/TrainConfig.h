@@ -78,6 +78,7 @@ struct TrainConfig {
   /// "cpu", "cuda" (one GPU holding target and drafter), "cuda:N", or two
   /// devices: the target's, then the drafter's.
   std::vector<std::string> devices = {"cpu"};
+  int64_t distributedTimeoutSeconds = 600; // a collective waits this long for the other ranks
 };
 
 /// One configuration key.

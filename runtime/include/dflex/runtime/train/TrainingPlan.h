@@ -8,6 +8,7 @@
 #pragma once
 
 #include "dflex/runtime/checkpoint/ModelConfig.h"
+#include "dflex/runtime/distributed/DataParallel.h"
 #include "dflex/runtime/train/TrainConfig.h"
 
 #include <torch/types.h>
@@ -28,6 +29,8 @@ struct DeviceMemoryPlan {
 
 struct TrainingPlan {
   TrainConfig config;
+  /// This process among the data-parallel ranks (torchrun's environment).
+  RankEnvironment ranks;
   TransformerConfig target;
   DrafterConfig drafter;
   torch::Device targetDevice = torch::kCPU, drafterDevice = torch::kCPU;
@@ -40,10 +43,11 @@ struct TrainingPlan {
   std::string describe() const;
 };
 
-/// Resolves and checks `config`: the target's config.json and safetensors
-/// (tensor shapes only, nothing is loaded), the drafter's shapes, target
-/// layer ids against the target, the bundles' specs (on CUDA devices).
-TrainingPlan planTraining(const TrainConfig &config);
+/// Resolves and checks `config` for the process `ranks` describes: the
+/// target's config.json and safetensors (tensor shapes only, nothing is
+/// loaded), the drafter's shapes, target layer ids against the target, the
+/// bundles' specs (on CUDA devices). A device "cuda" is the local rank's GPU.
+TrainingPlan planTraining(const TrainConfig &config, const RankEnvironment &ranks = {});
 
 /// Parameters of a drafter of `config` (fc, norms, layers), whose context
 /// features are `numTargetLayers` states of width `targetHidden`.
