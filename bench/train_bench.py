@@ -107,6 +107,18 @@ print(f"| loss first -> last interval | {lines[0]['loss']:.3f} -> {lines[-1]['lo
 print(f"| tau last interval | {lines[-1]['tau']:.3f} |")
 print(f"| wall time of the run incl. start-up (s) | {wall:.1f} |")
 
+# The same run as a launcher starts it (one rank): its collectives go through a real NCCL group.
+env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+           MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
+nccl = subprocess.run([train, "--config", config, "--plain", "--no-report", "--set",
+                       "train.max_steps=60", f"checkpoint.dir={work}/nccl"], env=env)
+if nccl.returncode != 0:
+    sys.exit(f"train_bench: the single-rank NCCL run exited {nccl.returncode}")
+lines = [json.loads(line) for line in open(os.path.join(work, "nccl", "metrics.jsonl"))][1:]
+print(f"\n| single-rank NCCL group, 60 updates | value |\n|---|---|")
+print(f"| tokens/s | {statistics.mean(l['tokens_per_s'] for l in lines):.0f} |")
+print(f"| all_reduce ms / update | {statistics.mean(l['times_ms']['all_reduce'] for l in lines):.2f} |")
+
 # Out of memory: plain LibTorch target attention at a huge budget.
 oom = subprocess.run([train, "--config", config, "--plain", "--no-report", "--set",
                       "kernels.target_bundle=\"\"", "data.token_budget=400000", "train.max_steps=1",

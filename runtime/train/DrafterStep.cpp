@@ -2,7 +2,7 @@
 
 #include "dflex/runtime/train/DrafterInputs.h"
 
-#include <torch/cuda.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <chrono>
 #include <cmath>
@@ -15,8 +15,8 @@ using Clock = std::chrono::steady_clock;
 
 /// Milliseconds since `start`, once `device`'s queued work is done.
 double millisecondsSince(Clock::time_point start, torch::Device device) {
-  if (device.is_cuda())
-    torch::cuda::synchronize(device.index());
+  if (device.is_cuda()) // this thread's stream only: a target on another stream runs on
+    c10::cuda::getCurrentCUDAStream(device.has_index() ? device.index() : 0).synchronize();
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 

@@ -13,6 +13,7 @@
 #include "dflex/runtime/support/Random.h"
 #include "dflex/runtime/support/Version.h"
 #include "dflex/runtime/train/DrafterStep.h"
+#include "dflex/runtime/train/FeaturePipeline.h"
 #include "dflex/runtime/train/TrainingData.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -25,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -482,12 +484,33 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
   blocks.maxAnchors = c.maxAnchors;
   blocks.maskTokenId = int32_t(c.maskTokenId);
   blocks.gamma = c.lossGamma;
-  DrafterStep step(drafter, optimizer, targetFeatures(target, plan.drafter.dflash.targetLayerIds), {},
+  // The target computes the next update's features while the drafter
+  // trains on this one's.
+  FeaturePipeline pipeline(target, plan.drafter.dflash.targetLayerIds, plan.drafterDevice,
+                           size_t(2 * c.gradAccumulation));
+  DrafterStep step(drafter, optimizer, [&](const TrainingBatch &) { return pipeline.next(); }, {},
                    &ranks);
+  struct Update {
+    std::vector<TrainingBatch> microBatches;
+    DataCursor cursorAfter; // where the data stands once this update is done
+    double dataMs = 0;
+  };
+  auto readUpdate = [&] {
+    const Clock::time_point start = Clock::now();
+    Update update;
+    for (int64_t micro = 0; micro < c.gradAccumulation; ++micro) {
+      const PackedRow row = data.next();
+      update.microBatches.push_back(makeTrainingBatch({row}, blocks, mixSeed(uint64_t(c.seed), data.rowKey())));
+      pipeline.submit(update.microBatches.back());
+    }
+    update.cursorAfter = data.cursor();
+    update.dataMs = secondsSince(start) * 1e3;
+    return update;
+  };
+  state.data = data.cursor();
 
   TrainResult result;
-  auto checkpoint = [&] {
-    state.data = data.cursor(); // the same on every rank
+  auto checkpoint = [&] { // state.data: the same on every rank
     if (leader) {
       store->save(state.step, [&](const std::string &directory) {
         writeCheckpoint(directory, plan, drafter, optimizer, state, ranks.worldSize());
@@ -503,6 +526,9 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
   IntervalMetrics interval;
   double secondsPerStep = 0;
   peakMemory(plan); // the intervals' peaks start here
+  std::deque<Update> ahead;
+  if (state.step < totalSteps)
+    ahead.push_back(readUpdate());
 
   while (state.step < totalSteps) {
     // A signal to any rank stops them all, after the same step.
@@ -511,21 +537,21 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
       break;
     }
     const Clock::time_point start = Clock::now();
-    std::vector<TrainingBatch> microBatches;
-    for (int64_t micro = 0; micro < c.gradAccumulation; ++micro) {
-      const PackedRow row = data.next();
-      microBatches.push_back(makeTrainingBatch({row}, blocks, mixSeed(uint64_t(c.seed), data.rowKey())));
-    }
-    const double dataMs = secondsSince(start) * 1e3;
+    if (state.step + 1 < totalSteps)
+      ahead.push_back(readUpdate());
+    const Update &update = ahead.front();
+    const double dataMs = ahead.back().dataMs;
 
     StepMetrics m;
     try {
-      m = step.run(microBatches, schedule.at(state.step));
+      m = step.run(update.microBatches, schedule.at(state.step));
     } catch (const c10::OutOfMemoryError &error) {
-      throw TrainingAborted(outOfMemoryAdvice(plan, state.step, microBatches.front(),
+      throw TrainingAborted(outOfMemoryAdvice(plan, state.step, update.microBatches.front(),
                                               error.what_without_backtrace()));
     }
     ++state.step;
+    state.data = update.cursorAfter;
+    ahead.pop_front();
     if (m.applied) {
       state.consecutiveBad = 0;
       result.lastLoss = m.loss;
@@ -568,13 +594,17 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
       const double per = 1.0 / double(interval.updates);
       JsonValue &times = line["times_ms"];
       times = JsonValue::object();
+      const PipelineTimes pair = pipeline.take();
       times["data"] = interval.dataMs * per;
-      times["target_forward"] = interval.times.featuresMs * per;
+      times["target_forward"] = pair.targetForwardMs * per;
+      times["target_idle"] = pair.targetIdleMs * per;
+      times["drafter_wait"] = interval.times.featuresMs * per;
+      times["feature_copy"] = pair.copyMs * per;
       times["transfer"] = interval.times.transferMs * per;
       times["drafter_forward"] = interval.times.forwardMs * per;
       times["backward"] = interval.times.backwardMs * per;
       times["optimizer"] = interval.times.optimizerMs * per;
-      if (ranks.worldSize() > 1)
+      if (ranks.connected())
         times["all_reduce"] = interval.times.allReduceMs * per;
       line["peak_memory_bytes"] = peakMemory(plan);
       if (metrics)
@@ -587,6 +617,7 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
       lastCheckpoint = state.step;
     }
   }
+  pipeline.drain();
   if (state.step > lastCheckpoint)
     checkpoint();
   if (options.progressBar && options.out)

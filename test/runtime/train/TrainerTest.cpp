@@ -15,6 +15,8 @@
 #include "dflex/runtime/models/TargetModel.h"
 #include "dflex/runtime/support/Random.h"
 #include "dflex/runtime/train/DrafterInputs.h"
+#include "dflex/runtime/train/DrafterStep.h"
+#include "dflex/runtime/train/FeaturePipeline.h"
 #include "dflex/runtime/train/Trainer.h"
 
 #include <gtest/gtest.h>
@@ -336,4 +338,51 @@ TEST(Trainer, TheDrafterBundleMustServeTheDrafterShapesAndBlockSize) {
                                  {"kernels.drafter_full_spec", "DFlash pattern of block_size 4"});
   cuda.push_back("drafter.block_size=16");
   EXPECT_NO_THROW(planTraining(tinyConfig(data, dir.file("run"), cuda)));
+}
+
+TEST(FeaturePipeline, FeaturesComeInOrderEqualToTheTargetsAndErrorsReachTheConsumer) {
+  models::TargetModelOptions options;
+  options.dtype = torch::kFloat;
+  const models::TargetModel target = models::TargetModel::load(targetDir(), options);
+  BlockOptions blocks;
+  blocks.blockSize = 4;
+  blocks.maskTokenId = 511;
+  std::vector<TrainingBatch> batches;
+  for (int b = 0; b < 4; ++b) {
+    PackedRow row;
+    for (int32_t t = 0; t < 24; ++t) {
+      row.tokens.push_back((7 * t + 31 * b) % 500);
+      row.lossMask.push_back(1);
+      row.positionIds.push_back(t % 12);
+      row.documentIds.push_back(t / 12);
+    }
+    row.documentStarts = {0, 12, 24};
+    row.sampleIndices = {0, 1};
+    row.numTokens = 24;
+    batches.push_back(makeTrainingBatch({row}, blocks, uint64_t(b)));
+  }
+  const ContextFeatureProducer direct = targetFeatures(target, {0, 1});
+  FeaturePipeline pipeline(target, {0, 1}, torch::kCPU, 2);
+  pipeline.submit(batches[0]);
+  pipeline.submit(batches[1]);
+  EXPECT_TRUE(torch::equal(pipeline.next(), direct(batches[0])));
+  pipeline.submit(batches[2]);
+  EXPECT_TRUE(torch::equal(pipeline.next(), direct(batches[1])));
+  EXPECT_TRUE(torch::equal(pipeline.next(), direct(batches[2])));
+  EXPECT_EQ(pipeline.take().batches, 3);
+
+  // What is queued when a run stops is dropped.
+  pipeline.submit(batches[0]);
+  pipeline.submit(batches[1]);
+  pipeline.drain();
+  pipeline.submit(batches[3]);
+  EXPECT_TRUE(torch::equal(pipeline.next(), direct(batches[3])));
+
+  TrainingBatch bad = batches[0];
+  bad.tokens = bad.tokens.clone();
+  bad.tokens[0][3] = 100000; // beyond the vocabulary: the target's forward throws
+  pipeline.submit(bad);
+  EXPECT_ANY_THROW(pipeline.next());
+  pipeline.submit(batches[2]); // and the pipeline goes on
+  EXPECT_TRUE(torch::equal(pipeline.next(), direct(batches[2])));
 }

@@ -61,6 +61,8 @@ public:
   int worldSize() const { return environment_.worldSize; }
   int localRank() const { return environment_.localRank; }
   const RankEnvironment &environment() const { return environment_; }
+  /// Collectives go through c10d (several ranks, or a launcher's single rank).
+  bool connected() const { return bool(backend_); }
 
   /// Sums `tensors` (on the group's device) over the ranks, in place; the
   /// collectives of all tensors are in flight together.
