@@ -95,7 +95,8 @@ const std::vector<TrainConfigKey> &trainConfigKeys() {
       {"log.interval", &T::logInterval, "updates between log lines", 1, kMaxInt, {}, true},
       {"log.eval_interval", &T::evalInterval, "updates between evaluations (0: none)", 0, kMaxInt, {}, true},
       {"devices", &T::devices,
-       "cpu, cuda (target and drafter on one GPU), cuda:N, or two devices: target's, drafter's", {}, {}, {}, true},
+       "cpu; cuda (target and drafter on the local rank's GPU); pair (the local rank r's target on GPU 2r, "
+       "drafter on 2r+1); cuda:N; or two devices: target's, drafter's", {}, {}, {}, true},
       {"distributed.timeout_s", &T::distributedTimeoutSeconds,
        "seconds a collective waits for the other ranks before the run stops naming it", 1, 86400, {}, true},
   };
@@ -354,8 +355,10 @@ void checkTrainConfig(const TrainConfig &c) {
     fail("devices", "needs one device (target and drafter) or two (target, drafter), got " +
                         std::to_string(c.devices.size()));
   for (const std::string &device : c.devices)
-    if (device != "cpu" && device != "cuda" && device.rfind("cuda:", 0) != 0)
-      fail("devices", "'" + device + "' is not cpu, cuda or cuda:N");
+    if (device != "cpu" && device != "cuda" && device != "pair" && device.rfind("cuda:", 0) != 0)
+      fail("devices", "'" + device + "' is not cpu, cuda, pair or cuda:N");
+  if (c.devices.front() == "pair" && c.devices.size() != 1)
+    fail("devices", "pair names both devices of a rank; give it alone");
   if (c.numKeyValueHeads > 0 && c.numAttentionHeads > 0 && c.numAttentionHeads % c.numKeyValueHeads)
     fail("drafter.num_key_value_heads", "must divide drafter.num_attention_heads (" +
                                             std::to_string(c.numAttentionHeads) + ")");

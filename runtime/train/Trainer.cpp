@@ -420,6 +420,7 @@ void checkRanksAgree(DataParallel &ranks, const DrafterOptimizer &optimizer, int
 } // namespace
 
 std::string dryRun(const TrainingPlan &plan) {
+  checkDevicesExist(plan, int64_t(torch::cuda::device_count()));
   const TrainingData data(plan.config, plan.target.vocabSize, 0, 1);
   const uint64_t rows = data.countEpochRows();
   return plan.describe() + "data: " + data.path() + ": " + std::to_string(rows) +
@@ -429,6 +430,7 @@ std::string dryRun(const TrainingPlan &plan) {
 
 TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
   const TrainConfig &c = plan.config;
+  checkDevicesExist(plan, int64_t(torch::cuda::device_count()));
   // Rank 0 writes checkpoints and logs; every rank takes the same steps.
   DataParallel ranks(plan.ranks, plan.drafterDevice, std::chrono::seconds(c.distributedTimeoutSeconds));
   const bool leader = ranks.rank() == 0;

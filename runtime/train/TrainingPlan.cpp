@@ -257,8 +257,13 @@ TrainingPlan planTraining(const TrainConfig &config, const RankEnvironment &rank
   auto device = [&](const std::string &name) {
     return name == "cuda" ? torch::Device(torch::kCUDA, int8_t(ranks.localRank)) : torch::Device(name);
   };
-  plan.targetDevice = device(config.devices.front());
-  plan.drafterDevice = device(config.devices.back());
+  if (config.devices.front() == "pair") {
+    plan.targetDevice = torch::Device(torch::kCUDA, int8_t(2 * ranks.localRank));
+    plan.drafterDevice = torch::Device(torch::kCUDA, int8_t(2 * ranks.localRank + 1));
+  } else {
+    plan.targetDevice = device(config.devices.front());
+    plan.drafterDevice = device(config.devices.back());
+  }
   plan.targetDtype = dtypeOf(config.targetDtype);
   plan.drafterDtype = dtypeOf(config.drafterDtype);
   if (config.dataset.empty())
@@ -266,6 +271,23 @@ TrainingPlan planTraining(const TrainConfig &config, const RankEnvironment &rank
   checkBundles(plan);
   plan.memory = memoryPlan(plan);
   return plan;
+}
+
+void checkDevicesExist(const TrainingPlan &plan, int64_t visibleGpus) {
+  const int64_t highest = std::max(plan.targetDevice.is_cuda() ? plan.targetDevice.index() : -1,
+                                   plan.drafterDevice.is_cuda() ? plan.drafterDevice.index() : -1);
+  if (highest < visibleGpus)
+    return;
+  const RankEnvironment &r = plan.ranks;
+  const std::string &first = plan.config.devices.front();
+  const int64_t perRank = first == "pair" ? 2 : 1;
+  const std::string needed = first == "pair" || first == "cuda"
+                                 ? std::to_string(perRank * r.localWorldSize) + " GPUs are needed for " +
+                                       std::to_string(r.localWorldSize) + " local rank(s) of '" + first +
+                                       "', "
+                                 : "";
+  fail("devices", "local rank " + std::to_string(r.localRank) + " would use cuda:" + std::to_string(highest) +
+                      ": " + needed + std::to_string(visibleGpus) + " GPU(s) are visible");
 }
 
 std::string TrainingPlan::describe() const {

@@ -386,3 +386,29 @@ TEST(FeaturePipeline, FeaturesComeInOrderEqualToTheTargetsAndErrorsReachTheConsu
   pipeline.submit(batches[2]); // and the pipeline goes on
   EXPECT_TRUE(torch::equal(pipeline.next(), direct(batches[2])));
 }
+
+TEST(Trainer, DevicesBeyondTheVisibleGpusAreNamed) {
+  const std::string bundle = test::exampleBundle("dflash");
+  if (bundle.empty())
+    GTEST_SKIP() << "needs the example bundles ($DFLEX_ATTENTION_BUNDLES or a build with dflex-compile)";
+  TempDir dir;
+  const std::string data = writeJsonl(dir, learnableSamples(4, 9));
+  const std::vector<std::string> pairSettings = {
+      "devices=[pair]", "drafter.dtype=bfloat16", "kernels.drafter_bundle=" + bundle,
+      "drafter.layer_types=[full_attention, full_attention]", "drafter.num_attention_heads=32",
+      "drafter.num_key_value_heads=8", "drafter.head_dim=128", "drafter.block_size=16"};
+  RankEnvironment second;
+  second.localRank = 1;
+  second.localWorldSize = 2;
+  second.rank = 1;
+  second.worldSize = 2;
+  const TrainingPlan pair = planTraining(tinyConfig(data, dir.file("run"), pairSettings), second);
+  EXPECT_EQ(pair.targetDevice, torch::Device(torch::kCUDA, 2));
+  EXPECT_EQ(pair.drafterDevice, torch::Device(torch::kCUDA, 3));
+  test::expectError<FormatError>([&] { checkDevicesExist(pair, 3); },
+                                 {"devices", "local rank 1 would use cuda:3", "4 GPUs are needed for 2 local rank(s)",
+                                  "3 GPU(s) are visible"});
+  EXPECT_NO_THROW(checkDevicesExist(pair, 4));
+  const TrainingPlan cpu = planTraining(tinyConfig(data, dir.file("run")), second);
+  EXPECT_NO_THROW(checkDevicesExist(cpu, 0));
+}

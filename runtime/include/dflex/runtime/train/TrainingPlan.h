@@ -49,6 +49,10 @@ struct TrainingPlan {
 /// bundles' specs (on CUDA devices). A device "cuda" is the local rank's GPU.
 TrainingPlan planTraining(const TrainConfig &config, const RankEnvironment &ranks = {});
 
+/// Throws FormatError (naming the key, the GPUs needed and those visible)
+/// when the plan's devices are not among the `visibleGpus` GPUs.
+void checkDevicesExist(const TrainingPlan &plan, int64_t visibleGpus);
+
 /// Parameters of a drafter of `config` (fc, norms, layers), whose context
 /// features are `numTargetLayers` states of width `targetHidden`.
 uint64_t drafterParameterCount(const DrafterConfig &config, int64_t targetHidden);
