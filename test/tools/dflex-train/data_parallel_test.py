@@ -7,6 +7,7 @@ continues the same row order, a signal to one rank stops all of them after one c
 crashed or hanging rank ends the others with a message naming the collective.
 
 usage: data_parallel_test.py DFLEX_TRAIN TARGET_REFERENCE_PY"""
+import json
 import os
 import signal
 import socket
@@ -73,6 +74,18 @@ for ranks in (2, 3):
     close(losses(one), losses(many), f"1 rank x {ranks} micro-steps against {ranks} ranks")
     check(latest_state(one)["data"] == latest_state(many)["data"], "the data cursors differ")
 
+# A rank whose rows have no anchor at all (one loss position, at the end) still takes every step.
+sparse = os.path.join(work, "sparse.jsonl")
+with open(sparse, "w") as f:
+    for i in range(12):
+        ids = [(5 * i + 3 * t) % 500 for t in range(64)]  # one sample fills a row
+        mask = [int(t >= 2) for t in range(64)] if i % 2 == 0 else [int(t == 63) for t in range(64)]
+        f.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
+one, many = os.path.join(work, "sparse-one"), os.path.join(work, "sparse-two")
+run(1, one, "train.max_steps=5", "optimizer.grad_accumulation=2", f"data.path={sparse}")
+run(2, many, "train.max_steps=5", f"data.path={sparse}")
+close(losses(one), losses(many), "a rank without anchors")
+
 # Resumed on three ranks, a two-rank run continues the row order: 2 rows per update, then 3.
 resumed = os.path.join(work, "resumed")
 run(2, resumed, "train.max_steps=3")
@@ -131,5 +144,5 @@ processes[1].kill()
 processes[1].wait()
 check(code != 0 and "did not finish within 8 s" in err, f"after a hang: exit {code}: {err[-1500:]}")
 check(waited < 40, f"rank 0 waited {waited:.0f} s for a hung rank")
-print(f"data_parallel_test: 2 and 3 ranks equal 1 rank, resume from 2 onto 3 ranks continues the rows, "
+print(f"data_parallel_test: 2 and 3 ranks equal 1 rank (also with a rank without anchors), resume from 2 onto 3 ranks continues the rows, "
       f"SIGTERM to one rank stops both, a crash and a hang ({waited:.0f} s) end the other rank")
