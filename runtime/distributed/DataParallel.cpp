@@ -123,6 +123,24 @@ void DataParallel::sum(const std::vector<torch::Tensor> &tensors, const std::str
   wait(works, what);
 }
 
+void DataParallel::startSum(const torch::Tensor &tensor) {
+  if (!backend_)
+    return;
+  std::vector<at::Tensor> one = {tensor};
+  c10::intrusive_ptr<c10d::Work> work = backend_->allreduce(one);
+  std::lock_guard<std::mutex> lock(startedMutex_);
+  started_.push_back(std::move(work));
+}
+
+void DataParallel::finishSums(const std::string &what) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  {
+    std::lock_guard<std::mutex> lock(startedMutex_);
+    works.swap(started_);
+  }
+  wait(works, what);
+}
+
 torch::Tensor DataParallel::scalar(double value) const {
   return torch::tensor({value}, torch::TensorOptions(torch::kDouble).device(device_));
 }

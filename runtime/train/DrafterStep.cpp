@@ -136,8 +136,16 @@ StepMetrics DrafterStep::run(const std::vector<TrainingBatch> &microBatches, dou
     metrics.times.forwardMs += millisecondsSince(start, device);
 
     start = Clock::now();
+    // On the last micro-step, ranks start summing each gradient bucket as
+    // soon as the backward has produced it.
+    const bool stream = ranks_ && ranks_->connected() && &batch == &microBatches.back();
+    if (stream)
+      optimizer_.streamGradients([this](const torch::Tensor &bucket) { ranks_->startSum(bucket); });
     loss.loss.backward();
-    optimizer_.accumulate();
+    if (stream)
+      optimizer_.finishStreaming();
+    else
+      optimizer_.accumulate();
     metrics.times.backwardMs += millisecondsSince(start, device);
     metrics.loss += loss.loss.item<double>();
     metrics.accuracy.add(loss.correct, batch.weights);
@@ -145,7 +153,8 @@ StepMetrics DrafterStep::run(const std::vector<TrainingBatch> &microBatches, dou
 
   if (ranks_) {
     const Clock::time_point start = Clock::now();
-    ranks_->sum(optimizer_.gradientBuckets(), "gradients");
+    if (ranks_->connected())
+      ranks_->finishSums("gradients"); // what the backward did not hide
     metrics.times.allReduceMs = millisecondsSince(start, device);
     metrics.loss = ranks_->sum(metrics.loss, "loss");
     metrics.accuracy.sumOver(*ranks_);

@@ -41,18 +41,60 @@ DrafterOptimizer::DrafterOptimizer(std::vector<std::pair<std::string, torch::Ten
   while (end > 0) {
     size_t begin = end;
     int64_t elements = 0;
-    while (begin > 0 && (elements == 0 || (elements + slots_[begin - 1].master.numel()) * 4 <= kBucketBytes))
+    while (begin > 0 && (elements == 0 || (elements + slots_[begin - 1].master.numel()) * 4 <= options_.bucketBytes))
       elements += slots_[--begin].master.numel();
     torch::Tensor bucket = torch::zeros({elements}, slots_[begin].master.options());
     int64_t offset = 0;
     for (size_t i = begin; i < end; ++i) {
       const int64_t n = slots_[i].master.numel();
       slots_[i].grad = bucket.narrow(0, offset, n).view(slots_[i].master.sizes());
+      slots_[i].bucket = buckets_.size();
       offset += n;
     }
     buckets_.push_back(bucket);
     end = begin;
   }
+}
+
+void DrafterOptimizer::streamGradients(std::function<void(const torch::Tensor &)> bucketReady) {
+  bucketReady_ = std::move(bucketReady);
+  handedOver_ = 0;
+  missing_.assign(buckets_.size(), 0);
+  for (const Slot &slot : slots_)
+    ++missing_[slot.bucket];
+  for (Slot &slot : slots_) {
+    slot.streamed = false;
+    hooks_.push_back(slot.parameter.register_hook([this, &slot](const torch::Tensor &grad) {
+      {
+        torch::NoGradGuard noGrad;
+        slot.grad.add_(grad.to(torch::kFloat));
+      }
+      std::lock_guard<std::mutex> lock(streamMutex_);
+      slot.streamed = true;
+      --missing_[slot.bucket];
+      // Buckets are handed over in index order, whatever order the backward
+      // completes them in: ranks must start their collectives alike.
+      while (handedOver_ < buckets_.size() && missing_[handedOver_] == 0)
+        bucketReady_(buckets_[handedOver_++]);
+    }));
+  }
+}
+
+void DrafterOptimizer::finishStreaming() {
+  torch::NoGradGuard noGrad;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    slots_[i].parameter.remove_hook(hooks_[i]);
+  hooks_.clear();
+  for (Slot &slot : slots_) {
+    torch::Tensor &grad = slot.parameter.mutable_grad();
+    if (grad.defined() && !slot.streamed)
+      slot.grad.add_(grad.to(torch::kFloat));
+    grad = torch::Tensor(); // what a hook saw is in the accumulator already
+    slot.streamed = false;
+  }
+  while (handedOver_ < buckets_.size())
+    bucketReady_(buckets_[handedOver_++]);
+  bucketReady_ = nullptr;
 }
 
 double DrafterOptimizer::checksum() const {

@@ -109,6 +109,41 @@ TEST(DrafterOptimizer, AccumulatesMicroStepsInFloat32) {
     EXPECT_TRUE(torch::allclose(once[i], twice[i], 1e-6, 1e-7));
 }
 
+TEST(DrafterOptimizer, StreamedGradientsEqualAccumulatedOnesAndBucketsComeInOrder) {
+  // Buckets of one parameter each (the cap is below either's size).
+  AdamWOptions options;
+  options.bucketBytes = 64;
+  std::vector<torch::Tensor> plain = parameters(torch::kFloat), streamed = parameters(torch::kFloat);
+  DrafterOptimizer a(named(plain), options), b(named(streamed), options);
+  ASSERT_EQ(b.gradientBuckets().size(), 2u);
+  auto lossOf = [](const std::vector<torch::Tensor> &p) {
+    return (p[0].pow(2).sum() * 0.5) + (p[1] * p[1].detach().cos()).sum();
+  };
+  lossOf(plain).backward();
+  a.accumulate();
+  std::vector<const void *> handedOver;
+  b.streamGradients([&](const torch::Tensor &bucket) { handedOver.push_back(bucket.data_ptr()); });
+  lossOf(streamed).backward();
+  // The backward produced both; the hooks handed both over, in bucket order.
+  ASSERT_EQ(handedOver.size(), 2u);
+  b.finishStreaming();
+  EXPECT_EQ(handedOver.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(handedOver[i], b.gradientBuckets()[i].data_ptr());
+    EXPECT_TRUE(torch::equal(a.gradientBuckets()[i], b.gradientBuckets()[i]));
+    EXPECT_FALSE(streamed[i].grad().defined()); // taken, not left to accumulate twice
+  }
+  // Buckets run from the last parameter back: bucket 0 holds p1. A backward
+  // that reaches p1 only completes bucket 0; p0's bucket is handed over by
+  // finishStreaming.
+  handedOver.clear();
+  b.streamGradients([&](const torch::Tensor &bucket) { handedOver.push_back(bucket.data_ptr()); });
+  (streamed[1].sum() * 3).backward();
+  EXPECT_EQ(handedOver, std::vector<const void *>{b.gradientBuckets()[0].data_ptr()});
+  b.finishStreaming();
+  EXPECT_EQ(handedOver.size(), 2u);
+}
+
 TEST(DrafterOptimizer, NonFiniteGradientsSkipTheUpdateAndNameTheTensor) {
   std::vector<torch::Tensor> params = parameters(torch::kFloat);
   const std::vector<torch::Tensor> before = {params[0].detach().clone(), params[1].detach().clone()};

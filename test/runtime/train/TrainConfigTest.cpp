@@ -127,7 +127,7 @@ TEST(TrainConfig, CrossKeyChecksNameTheKey) {
   expectError<FormatError>([&] { loadTrainConfig("", {"optimizer.betas=[0.9]"}); },
                            {"optimizer.betas", "two values"});
   expectError<FormatError>([&] { loadTrainConfig("", {"devices=[tpu]"}); },
-                           {"devices", "'tpu' is not cpu, cuda or cuda:N"});
+                           {"devices", "'tpu' is not cpu, cuda, pair or cuda:N"});
   expectError<FormatError>([&] {
     loadTrainConfig("", {"drafter.num_attention_heads=32", "drafter.num_key_value_heads=5"});
   }, {"drafter.num_key_value_heads", "must divide"});

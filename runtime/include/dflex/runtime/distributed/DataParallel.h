@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -67,6 +68,10 @@ public:
   /// Sums `tensors` (on the group's device) over the ranks, in place; the
   /// collectives of all tensors are in flight together.
   void sum(const std::vector<torch::Tensor> &tensors, const std::string &what);
+  /// Starts summing `tensor` in place (from any thread, e.g. a backward's
+  /// gradient hook); finishSums waits for every one started.
+  void startSum(const torch::Tensor &tensor);
+  void finishSums(const std::string &what);
   /// Scalar conveniences for what ranks must agree on.
   double sum(double value, const std::string &what);
   bool any(bool value, const std::string &what);
@@ -82,6 +87,8 @@ private:
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
+  std::mutex startedMutex_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> started_;
 };
 
 } // namespace dflex::runtime

@@ -9,7 +9,9 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +21,8 @@ namespace dflex::runtime {
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.01;
   double gradClip = 1.0; // 0: no clipping
+  /// Bytes of float32 gradients per bucket (gradientBuckets()).
+  int64_t bucketBytes = int64_t(25) << 20;
 };
 
 /// Linear warmup from 0 over `warmupSteps` updates, then cosine decay from
@@ -61,11 +65,20 @@ public:
 
   int64_t updates() const { return updates_; }
 
+  /// For an update's last micro-step, where data-parallel ranks sum the
+  /// gradients while the backward goes on: from now until
+  /// finishStreaming(), each parameter's gradient is added to its
+  /// accumulator as the backward produces it, and `bucketReady` is called
+  /// with each bucket once all its gradients are in (from the backward's
+  /// thread), in bucket order. finishStreaming() takes what no hook saw and
+  /// hands over the buckets not yet handed over.
+  void streamGradients(std::function<void(const torch::Tensor &bucket)> bucketReady);
+  void finishStreaming();
+
   /// The float32 gradient accumulators, as flat buckets of about
-  /// kBucketBytes (parameters in reverse order, as a backward produces
-  /// them): what data-parallel ranks sum before step().
+  /// AdamWOptions::bucketBytes (parameters in reverse order, as a backward
+  /// produces them): what data-parallel ranks sum before step().
   const std::vector<torch::Tensor> &gradientBuckets() const { return buckets_; }
-  static constexpr int64_t kBucketBytes = int64_t(25) << 20;
 
   /// A float64 sum over the master weights, for checking that ranks hold
   /// the same weights.
@@ -82,9 +95,17 @@ private:
   struct Slot {
     std::string name;
     torch::Tensor parameter, master, grad, expAvg, expAvgSq;
+    size_t bucket = 0;
+    bool streamed = false; // its gradient came through a hook this micro-step
   };
   std::vector<Slot> slots_;
   std::vector<torch::Tensor> buckets_; // slots' grad are views into them
+  // While streaming: hooks, gradients still missing per bucket, the callback.
+  std::mutex streamMutex_;
+  std::vector<unsigned> hooks_;
+  std::vector<size_t> missing_;
+  size_t handedOver_ = 0; // buckets before it are handed to bucketReady
+  std::function<void(const torch::Tensor &)> bucketReady_;
   AdamWOptions options_;
   int64_t updates_ = 0;
 };
