@@ -4,7 +4,8 @@
 train as one rank with the same global batch (loss sequence within float tolerance, the ranks'
 weights checked equal every log interval by the trainer), a run resumed on another number of ranks
 continues the same row order, a signal to one rank stops all of them after one checkpoint, and a
-crashed or hanging rank ends the others with a message naming the collective.
+crashed or hanging rank ends the others with a message naming the collective; torchrun (whose agent
+hosts the store) starts the same run.
 
 usage: data_parallel_test.py DFLEX_TRAIN TARGET_REFERENCE_PY"""
 import json
@@ -73,6 +74,15 @@ for ranks in (2, 3):
     run(ranks, many, "train.max_steps=6")
     close(losses(one), losses(many), f"1 rank x {ranks} micro-steps against {ranks} ranks")
     check(latest_state(one)["data"] == latest_state(many)["data"], "the data cursors differ")
+
+# torchrun itself (its agent hosts the store: TORCHELASTIC_USE_AGENT_STORE) gives the same run.
+launched = os.path.join(work, "torchrun")
+result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                         "--master-port", str(free_port()), "--no-python", train, "--config", config,
+                         "--plain", "--no-report", "--set", f"checkpoint.dir={launched}", "train.max_steps=6"],
+                        env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+check(result.returncode == 0, f"torchrun exited {result.returncode}: {result.stderr[-2000:]}")
+close(losses(os.path.join(work, "one-2")), losses(launched), "1 rank x 2 micro-steps against torchrun's 2 ranks")
 
 # A rank whose rows have no anchor at all (one loss position, at the end) still takes every step.
 sparse = os.path.join(work, "sparse.jsonl")
@@ -144,5 +154,5 @@ processes[1].kill()
 processes[1].wait()
 check(code != 0 and "did not finish within 8 s" in err, f"after a hang: exit {code}: {err[-1500:]}")
 check(waited < 40, f"rank 0 waited {waited:.0f} s for a hung rank")
-print(f"data_parallel_test: 2 and 3 ranks equal 1 rank (also with a rank without anchors), resume from 2 onto 3 ranks continues the rows, "
+print(f"data_parallel_test: 2 and 3 ranks equal 1 rank (also under torchrun, and with a rank without anchors), resume from 2 onto 3 ranks continues the rows, "
       f"SIGTERM to one rank stops both, a crash and a hang ({waited:.0f} s) end the other rank")
