@@ -98,6 +98,12 @@ DataParallel::DataParallel(const RankEnvironment &environment, torch::Device dev
 
 DataParallel::~DataParallel() = default;
 
+void DataParallel::shutdown() {
+  if (backend_)
+    backend_->shutdown();
+  backend_.reset();
+}
+
 void DataParallel::wait(const std::vector<c10::intrusive_ptr<c10d::Work>> &works,
                         const std::string &what) {
   try {

@@ -626,6 +626,7 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
     *options.out << "\n";
   result.steps = state.step;
   result.skippedSteps = state.skippedSteps;
+  ranks.shutdown();
   return result;
 }
 

@@ -64,6 +64,9 @@ public:
   const RankEnvironment &environment() const { return environment_; }
   /// Collectives go through c10d (several ranks, or a launcher's single rank).
   bool connected() const { return bool(backend_); }
+  /// Ends the group after a run that went well (NCCL's resources released);
+  /// a run that fails leaves it to the process's exit.
+  void shutdown();
 
   /// Sums `tensors` (on the group's device) over the ranks, in place; the
   /// collectives of all tensors are in flight together.
