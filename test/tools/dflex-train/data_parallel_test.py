@@ -3,19 +3,23 @@
 (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT): two and three ranks
 train as one rank with the same global batch (loss sequence within float tolerance, the ranks'
 weights checked equal every log interval by the trainer), a run resumed on another number of ranks
-continues the same row order, a signal to one rank stops all of them after one checkpoint, and a
+continues the same row order (on the same number, bitwise the uninterrupted run), non-finite steps
+stop every rank together, a signal to one rank stops all of them after one checkpoint, and a
 crashed or hanging rank ends the others with a message naming the collective; torchrun (whose agent
 hosts the store) starts the same run.
 
 usage: data_parallel_test.py DFLEX_TRAIN TARGET_REFERENCE_PY"""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from safetensors.torch import load_file, save_file
 
 from train_fixture import check, latest_state, losses, make_run
 
@@ -96,6 +100,27 @@ run(1, one, "train.max_steps=5", "optimizer.grad_accumulation=2", f"data.path={s
 run(2, many, "train.max_steps=5", f"data.path={sparse}")
 close(losses(one), losses(many), "a rank without anchors")
 
+# Interrupted and resumed on the same two ranks: bitwise the uninterrupted two-rank run.
+halves = os.path.join(work, "halves")
+run(2, halves, "train.max_steps=6", "checkpoint.interval=3", "train.epochs=1")
+whole = os.path.join(work, "whole-2")
+run(2, whole, "train.max_steps=6", "train.epochs=1")
+shutil.rmtree(os.path.join(halves, "step-00000006"))
+with open(os.path.join(halves, "latest"), "w") as f:
+    f.write("step-00000003\n")
+run(2, halves, "train.max_steps=6", "checkpoint.interval=3", "train.epochs=1", resume=True)
+check(losses(halves) == losses(whole), f"resumed on 2 ranks: {losses(halves)} against {losses(whole)}")
+
+# Non-finite steps: every rank skips them and all stop together after train.max_bad_steps.
+nan_target = os.path.join(work, "nan-model")
+shutil.copytree(os.path.join(work, "model"), nan_target)
+weights = load_file(os.path.join(nan_target, "model.safetensors"))
+weights["model.embed_tokens.weight"][:] = float("nan")
+save_file(weights, os.path.join(nan_target, "model.safetensors"))
+results = finish(start(2, os.path.join(work, "nan"), f"target.dir={nan_target}", "train.max_bad_steps=2"))
+for rank, (code, out, err) in enumerate(results):
+    check(code == 1 and "step 2: 2 steps in a row" in err, f"NaN run: rank {rank} exited {code}: {err[-800:]}")
+
 # Resumed on three ranks, a two-rank run continues the row order: 2 rows per update, then 3.
 resumed = os.path.join(work, "resumed")
 run(2, resumed, "train.max_steps=3")
@@ -154,5 +179,6 @@ processes[1].kill()
 processes[1].wait()
 check(code != 0 and "did not finish within 8 s" in err, f"after a hang: exit {code}: {err[-1500:]}")
 check(waited < 40, f"rank 0 waited {waited:.0f} s for a hung rank")
-print(f"data_parallel_test: 2 and 3 ranks equal 1 rank (also under torchrun, and with a rank without anchors), resume from 2 onto 3 ranks continues the rows, "
+print(f"data_parallel_test: 2 and 3 ranks equal 1 rank (also under torchrun, and with a rank without anchors), "
+      f"a 2-rank resume is bitwise, non-finite steps stop every rank, resume from 2 onto 3 ranks continues the rows, "
       f"SIGTERM to one rank stops both, a crash and a hang ({waited:.0f} s) end the other rank")
