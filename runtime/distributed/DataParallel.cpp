@@ -147,6 +147,15 @@ void DataParallel::finishSums(const std::string &what) {
   wait(works, what);
 }
 
+torch::Tensor DataParallel::gatherRows(const torch::Tensor &row, const std::string &what) {
+  if (!backend_)
+    return row.cpu().unsqueeze(0);
+  torch::Tensor rows = torch::zeros({worldSize(), row.numel()}, torch::TensorOptions(torch::kDouble).device(device_));
+  rows[rank()].copy_(row.flatten().to(torch::kDouble));
+  sum({rows}, what);
+  return rows.cpu().to(row.scalar_type());
+}
+
 torch::Tensor DataParallel::scalar(double value) const {
   return torch::tensor({value}, torch::TensorOptions(torch::kDouble).device(device_));
 }

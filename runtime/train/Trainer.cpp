@@ -124,14 +124,16 @@ void setCpuGeneratorState(const torch::Tensor &state) {
   generator.set_state(state.clone());
 }
 
+/// `generators`: every rank's CPU generator state, by rank.
 void writeCheckpoint(const std::string &directory, const TrainingPlan &plan,
                      const models::DFlashDrafter &drafter, const DrafterOptimizer &optimizer,
-                     const RunState &state, int worldSize) {
+                     const RunState &state, const torch::Tensor &generators) {
+  const int64_t worldSize = generators.size(0);
   drafter->save(directory, torch::kBFloat16);
   NamedTensors tensors;
   for (const auto &[name, tensor] : optimizer.state())
     tensors.push_back({"optimizer." + name, tensor});
-  tensors.push_back({"rng.torch_cpu", cpuGeneratorState()});
+  tensors.push_back({"rng.torch_cpu", generators});
   for (auto &entry : pendingTensors(state.data.pending))
     tensors.push_back(std::move(entry));
   saveSafeTensors((fs::path(directory) / checkpoint_files::kTrainingState).string(), tensors);
@@ -158,7 +160,7 @@ void writeCheckpoint(const std::string &directory, const TrainingPlan &plan,
 /// Restores a checkpoint into the optimizer (and so the drafter's
 /// parameters) and the generator; returns the run state.
 RunState readCheckpoint(const std::string &directory, const TrainConfig &config,
-                        DrafterOptimizer &optimizer) {
+                        DrafterOptimizer &optimizer, int thisRank) {
   const std::string configPath = (fs::path(directory) / checkpoint_files::kConfig).string();
   const TrainConfig saved = loadTrainConfig(configPath);
   const std::vector<std::string> differing = differingKeys(saved, config, true);
@@ -194,7 +196,11 @@ RunState readCheckpoint(const std::string &directory, const TrainConfig &config,
     if (info.name.rfind("optimizer.", 0) == 0)
       optimizerState[info.name.substr(10)] = tensors.tensor(info.name);
   optimizer.loadState(optimizerState);
-  setCpuGeneratorState(tensors.tensor("rng.torch_cpu"));
+  // This rank's generator; on another number of ranks, a new rank takes
+  // rank 0's (nothing in a step draws from it: anchors come from the row).
+  const torch::Tensor generators = tensors.tensor("rng.torch_cpu");
+  setCpuGeneratorState(generators.dim() == 1 ? generators
+                                             : generators[thisRank < generators.size(0) ? thisRank : 0].contiguous());
   state.data.pending = pendingFrom(tensors, uint64_t(rank.integer("pending_samples")));
   return state;
 }
@@ -467,7 +473,7 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
 
   RunState state;
   if (resumeFrom) {
-    state = readCheckpoint(*resumeFrom, c, optimizer);
+    state = readCheckpoint(*resumeFrom, c, optimizer, ranks.rank());
     data = TrainingData(c, plan.target.vocabSize, ranks.rank(), ranks.worldSize(), std::move(state.data));
   }
   const std::string logDir = c.logDir.empty() ? c.checkpointDir : c.logDir;
@@ -513,9 +519,10 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
 
   TrainResult result;
   auto checkpoint = [&] { // state.data: the same on every rank
+    const torch::Tensor generators = ranks.gatherRows(cpuGeneratorState(), "generator states");
     if (leader) {
       store->save(state.step, [&](const std::string &directory) {
-        writeCheckpoint(directory, plan, drafter, optimizer, state, ranks.worldSize());
+        writeCheckpoint(directory, plan, drafter, optimizer, state, generators);
       });
     }
     ranks.sum(0.0, "checkpoint written");

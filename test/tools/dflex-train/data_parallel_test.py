@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from train_fixture import check, latest_state, losses, make_run
@@ -78,6 +79,10 @@ for ranks in (2, 3):
     run(ranks, many, "train.max_steps=6")
     close(losses(one), losses(many), f"1 rank x {ranks} micro-steps against {ranks} ranks")
     check(latest_state(one)["data"] == latest_state(many)["data"], "the data cursors differ")
+    state_file = os.path.join(many, "step-00000006", "training_state.safetensors")
+    with safe_open(state_file, "pt") as tensors:
+        shape = tensors.get_slice("rng.torch_cpu").get_shape()
+    check(shape[0] == ranks, f"the checkpoint holds {shape[0]} generator states for {ranks} ranks")
 
 # torchrun itself (its agent hosts the store: TORCHELASTIC_USE_AGENT_STORE) gives the same run.
 launched = os.path.join(work, "torchrun")

@@ -80,6 +80,9 @@ public:
   bool any(bool value, const std::string &what);
   /// Every rank's value, by rank.
   std::vector<double> gather(double value, const std::string &what);
+  /// Every rank's `row` (1-D, the same length on all; values exact in
+  /// float64, as bytes are), stacked by rank into a CPU tensor of its dtype.
+  torch::Tensor gatherRows(const torch::Tensor &row, const std::string &what);
 
 private:
   void wait(const std::vector<c10::intrusive_ptr<c10d::Work>> &works, const std::string &what);
