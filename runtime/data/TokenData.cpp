@@ -96,6 +96,39 @@ void validateSample(const TokenSample &sample, int64_t vocabSize,
 // JSONL
 //===----------------------------------------------------------------------===//
 
+void sampleFromJson(const JsonValue &line, int64_t vocabSize,
+                    const std::string &origin, TokenSample &sample) {
+  JsonObject object(line, origin);
+  std::vector<int64_t> ids = object.integers("input_ids");
+  const JsonValue *mask = line.find("loss_mask");
+  if (!mask || !mask->isArray())
+    object.fail("loss_mask", "expected an array of 0/1 or booleans");
+  sample.tokens.resize(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocabSize)
+      throw FormatError(origin + ": token id " + std::to_string(ids[i]) +
+                        " at position " + std::to_string(i) +
+                        " is outside the vocabulary [0, " +
+                        std::to_string(vocabSize) + ")");
+    sample.tokens[i] = int32_t(ids[i]);
+  }
+  sample.lossMask.clear();
+  for (const JsonValue &entry : mask->asArray()) {
+    if (entry.isBool())
+      sample.lossMask.push_back(entry.asBool());
+    else if (entry.isInteger() && (entry.asInteger() == 0 || entry.asInteger() == 1))
+      sample.lossMask.push_back(uint8_t(entry.asInteger()));
+    else
+      object.fail("loss_mask", "entry " + std::to_string(sample.lossMask.size()) +
+                                   " is neither 0/1 nor a boolean");
+  }
+}
+
+void parseJsonlSample(std::string_view line, int64_t vocabSize,
+                      const std::string &origin, TokenSample &sample) {
+  sampleFromJson(parseJsonText(line, origin), vocabSize, origin, sample);
+}
+
 JsonlSampleReader::JsonlSampleReader(std::string path, int64_t vocabSize, uint64_t startPosition)
     : path_(std::move(path)), vocabSize_(vocabSize), in_(path_) {
   if (!in_)
@@ -118,31 +151,7 @@ bool JsonlSampleReader::next(TokenSample &sample) {
     if (text.find_first_not_of(" \t\r") == std::string::npos)
       continue;
     std::string where = origin();
-    JsonValue value = parseJsonText(text, where);
-    JsonObject object(value, where);
-    std::vector<int64_t> ids = object.integers("input_ids");
-    const JsonValue *mask = value.find("loss_mask");
-    if (!mask || !mask->isArray())
-      object.fail("loss_mask", "expected an array of 0/1 or booleans");
-    sample.tokens.resize(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (ids[i] < 0 || ids[i] >= vocabSize_)
-        throw FormatError(where + ": token id " + std::to_string(ids[i]) +
-                          " at position " + std::to_string(i) +
-                          " is outside the vocabulary [0, " +
-                          std::to_string(vocabSize_) + ")");
-      sample.tokens[i] = int32_t(ids[i]);
-    }
-    sample.lossMask.clear();
-    for (const JsonValue &entry : mask->asArray()) {
-      if (entry.isBool())
-        sample.lossMask.push_back(entry.asBool());
-      else if (entry.isInteger() && (entry.asInteger() == 0 || entry.asInteger() == 1))
-        sample.lossMask.push_back(uint8_t(entry.asInteger()));
-      else
-        object.fail("loss_mask", "entry " + std::to_string(sample.lossMask.size()) +
-                                     " is neither 0/1 nor a boolean");
-    }
+    parseJsonlSample(text, vocabSize_, where, sample);
     ++samplesRead_;
     validateSample(sample, vocabSize_,
                    where + " (sample " + std::to_string(samplesRead_ - 1) + ")");
@@ -167,10 +176,32 @@ TokenDatasetWriter::TokenDatasetWriter(std::string directory, int64_t vocabSize,
   if (shardTokens == 0)
     throw FormatError("shard size must be at least one token");
   std::error_code error;
-  fs::create_directories(directory_, error);
+  createdDirectory_ = fs::create_directories(directory_, error);
   if (error)
     throw IoError("cannot create directory '" + directory_ + "': " + error.message());
+  fs::path index = fs::path(directory_) / kIndexName;
+  fs::remove(index, error);
+  if (error)
+    throw IoError("cannot remove the old '" + index.string() + "': " + error.message());
   info_.vocabSize = vocabSize;
+}
+
+void TokenDatasetWriter::abandon() noexcept {
+  if (finished_)
+    return;
+  std::error_code ignored;
+  for (const TokenShardInfo &shard : info_.shards)
+    fs::remove(fs::path(directory_) / shard.file, ignored);
+  if (createdDirectory_ && fs::is_empty(directory_, ignored))
+    fs::remove(directory_, ignored);
+  info_.shards.clear();
+  info_.numSamples = info_.numTokens = 0;
+  firstToken_.clear();
+  lengths_.clear();
+  checksums_.clear();
+  tokens_.clear();
+  mask_.clear();
+  finished_ = true;
 }
 
 void TokenDatasetWriter::add(const TokenSample &sample, const std::string &origin) {

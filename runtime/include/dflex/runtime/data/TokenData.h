@@ -8,7 +8,12 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
+
+namespace dflex {
+class JsonValue;
+} // namespace dflex
 
 namespace dflex::runtime {
 
@@ -24,6 +29,18 @@ struct TokenSample {
 /// has one 0/1 entry per token and every id is in [0, vocabSize).
 void validateSample(const TokenSample &sample, int64_t vocabSize,
                     const std::string &origin);
+
+/// Reads one JSONL sample, {"input_ids": [ints], "loss_mask": [0/1 or
+/// booleans]}, from a parsed line (other keys are ignored) into `sample`.
+/// Throws FormatError "<origin>: ..." for a missing or mistyped key, an id
+/// outside [0, vocabSize) or a mask entry that is not 0/1; the lengths are
+/// not compared (validateSample does that).
+void sampleFromJson(const JsonValue &line, int64_t vocabSize,
+                    const std::string &origin, TokenSample &sample);
+/// The same from the line's text (errors in the JSON itself name
+/// "<origin>:<line>:<column>").
+void parseJsonlSample(std::string_view line, int64_t vocabSize,
+                      const std::string &origin, TokenSample &sample);
 
 /// A stream of samples.
 class SampleSource {
@@ -83,7 +100,9 @@ struct TokenDatasetInfo {
 /// Writes a dataset directory. Samples are validated as they are added; a
 /// shard is written (atomically) when it reaches shardTokens tokens, and
 /// finish() writes the last one, then dataset.json (atomically, last, so a
-/// directory without an index is an interrupted conversion).
+/// directory without an index is an interrupted conversion). A dataset.json
+/// already in the directory is removed when the writer is created: the
+/// shards it names are about to be overwritten.
 class TokenDatasetWriter {
 public:
   TokenDatasetWriter(std::string directory, int64_t vocabSize,
@@ -91,6 +110,10 @@ public:
   /// `origin` names the sample in errors ("input.jsonl:17").
   void add(const TokenSample &sample, const std::string &origin);
   TokenDatasetInfo finish();
+  /// Gives up before finish(): removes the shards written so far, and the
+  /// directory if the writer created it and nothing else is in it; add() then
+  /// throws and finish() writes nothing. Does nothing after finish().
+  void abandon() noexcept;
 
 private:
   void flushShard();
@@ -106,6 +129,7 @@ private:
   std::vector<int32_t> tokens_;
   std::vector<uint8_t> mask_;
   bool finished_ = false;
+  bool createdDirectory_ = false;
 };
 
 /// A view of one sample inside a mapped shard.
