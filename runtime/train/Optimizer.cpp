@@ -97,12 +97,17 @@ void DrafterOptimizer::finishStreaming() {
   bucketReady_ = nullptr;
 }
 
-double DrafterOptimizer::checksum() const {
+std::array<double, 2> DrafterOptimizer::checksum() const {
   torch::NoGradGuard noGrad;
-  std::vector<torch::Tensor> sums;
-  for (const Slot &slot : slots_)
-    sums.push_back(slot.master.to(torch::kDouble).sum());
-  return torch::stack(sums).sum().item<double>();
+  torch::Tensor low = torch::zeros({}, torch::TensorOptions(torch::kLong).device(slots_.front().master.device()));
+  torch::Tensor high = low.clone();
+  for (const Slot &slot : slots_) {
+    const torch::Tensor bits = slot.master.contiguous().view(torch::kInt);
+    low += bits.bitwise_and(0xFFFF).to(torch::kLong).sum();
+    high += bits.bitwise_right_shift(16).bitwise_and(0xFFFF).to(torch::kLong).sum();
+  }
+  const torch::Tensor both = torch::stack({low, high}).cpu();
+  return {double(both[0].item<int64_t>()), double(both[1].item<int64_t>())};
 }
 
 void DrafterOptimizer::accumulate() {

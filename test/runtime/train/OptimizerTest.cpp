@@ -144,6 +144,17 @@ TEST(DrafterOptimizer, StreamedGradientsEqualAccumulatedOnesAndBucketsComeInOrde
   EXPECT_EQ(handedOver.size(), 2u);
 }
 
+TEST(DrafterOptimizer, ChecksumsSeeASingleBit) {
+  std::vector<torch::Tensor> same = parameters(torch::kFloat), flipped = parameters(torch::kFloat);
+  {
+    torch::NoGradGuard noGrad;
+    flipped[1].view(torch::kInt)[17].bitwise_xor_(1); // the lowest mantissa bit of one weight
+  }
+  const DrafterOptimizer a(named(parameters(torch::kFloat)), {}), b(named(same), {}), c(named(flipped), {});
+  EXPECT_EQ(a.checksum(), b.checksum());
+  EXPECT_NE(a.checksum(), c.checksum());
+}
+
 TEST(DrafterOptimizer, NonFiniteGradientsSkipTheUpdateAndNameTheTensor) {
   std::vector<torch::Tensor> params = parameters(torch::kFloat);
   const std::vector<torch::Tensor> before = {params[0].detach().clone(), params[1].detach().clone()};

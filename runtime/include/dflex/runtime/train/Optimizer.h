@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -80,9 +81,10 @@ public:
   /// produces them): what data-parallel ranks sum before step().
   const std::vector<torch::Tensor> &gradientBuckets() const { return buckets_; }
 
-  /// A float64 sum over the master weights, for checking that ranks hold
-  /// the same weights.
-  double checksum() const;
+  /// Exact integer sums of the master weights' bit patterns (their low and
+  /// high 16 bits): ranks whose weights differ in any bit differ here, but
+  /// for a collision.
+  std::array<double, 2> checksum() const;
 
   /// Master weights, moments and the update count, by name
   /// ("master.<p>", "exp_avg.<p>", "exp_avg_sq.<p>", "updates"), on the CPU.
