@@ -29,7 +29,7 @@ const char *kUsage =
     "  dflex-data convert --vocab-size N [--shard-tokens N] OUTPUT_DIR INPUT.jsonl...\n"
     "      Validates every sample (ids in [0, N), one 0/1 loss-mask entry per id)\n"
     "      and writes shard-NNNNN.bin files plus dataset.json into OUTPUT_DIR.\n"
-    "  dflex-data prepare --target DIR [--last-turn-only] [--max-length N]\n"
+    "  dflex-data prepare --target DIR [--last-turn-only | --each-turn] [--max-length N]\n"
     "                     [--shard-tokens N] OUTPUT_DIR INPUT.jsonl...\n"
     "      Tokenizes chat records ({\"messages\": [{\"role\", \"content\"}]} or\n"
     "      {\"conversations\": [{\"from\", \"value\"}]}) with the target's tokenizer\n"
@@ -125,7 +125,7 @@ int prepare(int argc, char **argv) {
     } else if (arg == "--max-length" && i + 1 < argc) {
       helperOptions.push_back(arg);
       helperOptions.push_back(std::to_string(parseCount(arg, argv[++i])));
-    } else if (arg == "--last-turn-only") {
+    } else if (arg == "--last-turn-only" || arg == "--each-turn") {
       helperOptions.push_back(arg);
     } else if (arg.rfind("--", 0) == 0) {
       usage("unknown option or missing value: " + arg);

@@ -141,8 +141,13 @@ def main():
         description="Tokenize chat JSONL with a target's tokenizer and chat template.")
     parser.add_argument("--target", required=True,
                         help="the target model's directory (tokenizer files, chat template)")
-    parser.add_argument("--last-turn-only", action="store_true",
-                        help="train only on the last assistant turn of each conversation")
+    turns = parser.add_mutually_exclusive_group()
+    turns.add_argument("--last-turn-only", action="store_true",
+                       help="train only on the last assistant turn of each conversation")
+    turns.add_argument("--each-turn", action="store_true",
+                       help="one sample per assistant turn: the conversation up to it, trained on "
+                            "it alone (for templates that render earlier turns differently once "
+                            "more follow, as Qwen3's does with its thinking blocks)")
     parser.add_argument("--max-length", type=int, metavar="N",
                         help="cut samples to N tokens; samples left without assistant "
                              "tokens are skipped")
@@ -197,8 +202,13 @@ def main():
                     fail(f"{origin}: not JSON: {error.msg} at column {error.colno}", 2)
                 try:
                     messages = messages_of(record)
-                    ids, mask = tokenize_record(tokenizer, messages, args.last_turn_only,
-                                                special_ids)
+                    if args.each_turn:
+                        samples = [(f"{origin} turn {i}",
+                                    tokenize_record(tokenizer, messages[:i + 1], True, special_ids))
+                                   for i, m in enumerate(messages) if m["role"] == "assistant"]
+                    else:
+                        samples = [(origin, tokenize_record(tokenizer, messages, args.last_turn_only,
+                                                            special_ids))]
                 except RecordError as error:
                     fail(f"{origin}: {error}", 2)
                 except TemplateError as error:
@@ -206,18 +216,19 @@ def main():
                 except Exception as error:  # the template raised (jinja2, ...)
                     fail(f"{origin}: the chat template failed: {type(error).__name__}: {error}", 1)
                 records += 1
-                if args.max_length is not None:
-                    ids, mask = ids[:args.max_length], mask[:args.max_length]
-                if not any(mask):
-                    skipped += 1
-                    continue
-                tokens += len(ids)
-                trained += sum(mask)
-                out.write(json.dumps({"input_ids": ids, "loss_mask": mask, "origin": origin},
-                                     separators=(",", ":")) + "\n")
+                for sample_origin, (ids, mask) in samples:
+                    if args.max_length is not None:
+                        ids, mask = ids[:args.max_length], mask[:args.max_length]
+                    if not any(mask):
+                        skipped += 1
+                        continue
+                    tokens += len(ids)
+                    trained += sum(mask)
+                    out.write(json.dumps({"input_ids": ids, "loss_mask": mask, "origin": sample_origin},
+                                         separators=(",", ":")) + "\n")
     out.flush()
     reason = " (no assistant token within --max-length)" if args.max_length else ""
-    sys.stderr.write(f"prepare_chat: {records} records, {skipped} skipped{reason}, "
+    sys.stderr.write(f"prepare_chat: {records} records, {skipped} samples skipped{reason}, "
                      f"{tokens} tokens, {trained} assistant tokens\n")
 
 

@@ -128,7 +128,7 @@ sharegpt = write_jsonl("sharegpt.jsonl", [
 result = prepare(os.path.join(work, "openai-out"), openai, "--target", target)
 check(result.returncode == 0, "prepare (OpenAI) failed: " + result.stderr)
 check("wrote 3 samples" in result.stdout, result.stdout)
-check("3 records, 0 skipped" in result.stderr, "no summary: " + result.stderr)
+check("3 records, 0 samples skipped" in result.stderr, "no summary: " + result.stderr)
 result = prepare(os.path.join(work, "sharegpt-out"), sharegpt, "--target", target, "--shard-tokens", "40")
 check(result.returncode == 0, "prepare (ShareGPT) failed: " + result.stderr)
 samples = dump(os.path.join(work, "openai-out"))
@@ -168,7 +168,7 @@ cut = write_jsonl("cut.jsonl", [openai_records[1], long_prompt])
 length = len(samples[1]["input_ids"]) - 5
 result = prepare(os.path.join(work, "cut-out"), cut, "--target", target, "--max-length", str(length))
 check(result.returncode == 0, "prepare --max-length failed: " + result.stderr)
-check("2 records, 1 skipped" in result.stderr, "the skipped record is not counted: " + result.stderr)
+check("2 records, 1 samples skipped" in result.stderr, "the skipped record is not counted: " + result.stderr)
 cut_samples = dump(os.path.join(work, "cut-out"))
 check(len(cut_samples) == 1, f"{len(cut_samples)} samples after --max-length, expected 1")
 check(cut_samples[0]["input_ids"] == samples[1]["input_ids"][:length] and
@@ -230,6 +230,28 @@ make_target(counting, "{{- messages | length }}" + CHATML)
 result = prepare(os.path.join(work, "counting-out"), openai, "--target", counting)
 check(result.returncode == 1 and "openai.jsonl:1" in result.stderr and
       "does not render turns as prefixes" in result.stderr, f"non-prefix template: {result.stderr}")
+
+# A template that renders the last assistant turn differently (a thinking block, as Qwen3's
+# does): whole conversations are refused, --each-turn makes one sample per answer.
+THINKING = ("{%- for message in messages %}"
+            "{{- '<|im_start|>' + message.role + '\\n' }}"
+            "{%- if message.role == 'assistant' and loop.last %}{{- '<think></think>' }}{%- endif %}"
+            "{{- message.content + '<|im_end|>' + '\\n' }}"
+            "{%- endfor %}"
+            "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think></think>' }}{%- endif %}")
+thinking = os.path.join(work, "thinking")
+thinking_tokenizer = make_target(thinking, THINKING)
+result = prepare(os.path.join(work, "thinking-out"), openai, "--target", thinking)
+check(result.returncode == 1 and "does not render turns as prefixes" in result.stderr,
+      f"thinking template, whole conversations: {result.stderr}")
+result = prepare(os.path.join(work, "thinking-out"), openai, "--target", thinking, "--each-turn")
+check(result.returncode == 0, f"--each-turn failed: {result.stderr}")
+per_turn = dump(os.path.join(work, "thinking-out"))
+answers = [text for turns in conversations for role, text in turns if role == "assistant"]
+check(len(per_turn) == len(answers), f"{len(per_turn)} samples for {len(answers)} answers")
+for sample, answer in zip(per_turn, answers):
+    spans = [thinking_tokenizer.decode(span) for span in masked_spans(sample)]
+    check(spans == [answer + "<|im_end|>"], f"--each-turn spans {spans}, expected {answer!r}")
 
 # A target without config.json: the file is named.
 os.remove(os.path.join(small, "config.json"))
