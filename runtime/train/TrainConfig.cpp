@@ -93,7 +93,10 @@ const std::vector<TrainConfigKey> &trainConfigKeys() {
       {"checkpoint.keep_last", &T::keepLast, "checkpoints kept (the one 'latest' names always is)", 1, 1e6, {}, true},
       {"log.dir", &T::logDir, "metrics.jsonl, plots and TensorBoard scalars (empty: checkpoint.dir)", {}, {}, {}, true},
       {"log.interval", &T::logInterval, "updates between log lines", 1, kMaxInt, {}, true},
-      {"log.eval_interval", &T::evalInterval, "updates between evaluations (0: none)", 0, kMaxInt, {}, true},
+      {"log.eval_interval", &T::evalInterval,
+       "updates between speculative-decoding evaluations on log.eval_prompts (0: none)", 0, kMaxInt, {}, true},
+      {"log.eval_prompts", &T::evalPrompts, "JSONL of held-out prompts ({\"input_ids\": [...]}) for the evaluations", {}, {}, {}, true},
+      {"log.eval_max_new_tokens", &T::evalMaxNewTokens, "tokens generated per evaluation prompt", 1, 1e6, {}, true},
       {"devices", &T::devices,
        "cpu; cuda (target and drafter on the local rank's GPU); pair (the local rank r's target on GPU 2r, "
        "drafter on 2r+1); cuda:N; or two devices: target's, drafter's", {}, {}, {}, true},
@@ -349,6 +352,8 @@ void checkTrainConfig(const TrainConfig &c) {
     fail("drafter.layer_types", "has " + std::to_string(c.drafterLayerTypes.size()) +
                                     " entries for drafter.num_layers = " +
                                     std::to_string(c.drafterLayers));
+  if (c.evalInterval > 0 && c.evalPrompts.empty())
+    fail("log.eval_prompts", "is needed for log.eval_interval = " + std::to_string(c.evalInterval));
   if (c.betas.size() != 2)
     fail("optimizer.betas", "needs two values, got " + std::to_string(c.betas.size()));
   if (c.devices.empty() || c.devices.size() > 2)

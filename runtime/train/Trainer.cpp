@@ -8,6 +8,7 @@
 #include "dflex/runtime/checkpoint/CheckpointStore.h"
 #include "dflex/runtime/checkpoint/SafeTensors.h"
 #include "dflex/runtime/distributed/DataParallel.h"
+#include "dflex/runtime/eval/SpeculativeDecoding.h"
 #include "dflex/runtime/models/KernelHooks.h"
 #include "dflex/runtime/support/FileIo.h"
 #include "dflex/runtime/support/Random.h"
@@ -455,6 +456,11 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
   if (options.resume)
     resumeFrom = store->resolve(*options.resume);
 
+  // Held-out prompts of the periodic evaluation, checked before the first step.
+  std::vector<std::vector<int64_t>> evalPrompts;
+  if (c.evalInterval > 0)
+    evalPrompts = eval::readPrompts(c.evalPrompts, plan.target.vocabSize);
+
   // Data first: bad samples are named before anything heavy loads.
   TrainingData data(c, plan.target.vocabSize, ranks.rank(), ranks.worldSize());
   const uint64_t epochRows = data.countEpochRows();
@@ -582,7 +588,22 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
     secondsPerStep = secondsPerStep == 0 ? stepSeconds : 0.9 * secondsPerStep + 0.1 * stepSeconds;
     interval.add(m, dataMs, stepSeconds);
 
-    const bool logNow = state.step % c.logInterval == 0 || state.step == totalSteps;
+    // Rank 0 evaluates by real speculative decoding; the others wait at the
+    // next collective.
+    const bool evalNow = c.evalInterval > 0 && state.step % c.evalInterval == 0;
+    std::optional<eval::AcceptanceSummary> evaluation;
+    if (evalNow && leader) {
+      eval::GenerationOptions generation;
+      generation.maxNewTokens = c.evalMaxNewTokens;
+      std::vector<eval::Generation> generations;
+      for (const std::vector<int64_t> &prompt : evalPrompts)
+        generations.push_back(eval::speculativeDecode(target, *drafter, prompt, generation));
+      evaluation = eval::summarize(generations, c.blockSize);
+      progress.message("step " + std::to_string(state.step) + ": speculative decoding of " +
+                       std::to_string(evalPrompts.size()) + " held-out prompts: tau " +
+                       std::to_string(evaluation->tau));
+    }
+    const bool logNow = state.step % c.logInterval == 0 || state.step == totalSteps || evalNow;
     progress.update(state.step, interval.loss(), interval.accuracy.acceptanceLength(),
                     interval.tokensPerSecond(), secondsPerStep, logNow);
     if (logNow) {
@@ -597,6 +618,11 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
       for (double value : accuracy)
         line["accuracy"].push(value);
       line["tau"] = interval.accuracy.acceptanceLength();
+      if (evaluation) {
+        line["eval_tau"] = evaluation->tau;
+        for (double share : evaluation->acceptedAtLeast)
+          line["eval_accepted_at_least_k"].push(share);
+      }
       line["lr"] = interval.learningRate;
       line["grad_norm"] = interval.applied ? interval.gradNormSum / double(interval.applied) : NAN;
       line["tokens_per_s"] = interval.tokensPerSecond();

@@ -3,7 +3,6 @@
 // the output is the target's own greedy decoding and times both.
 #include "dflex/Support/Error.h"
 #include "dflex/Support/Json.h"
-#include "dflex/Support/JsonObject.h"
 #include "dflex/runtime/eval/SpeculativeDecoding.h"
 #include "dflex/runtime/support/FileIo.h"
 
@@ -18,25 +17,6 @@
 using namespace dflex::runtime;
 
 namespace {
-
-/// Prompts of a JSONL file: {"input_ids": [...]} per line.
-std::vector<std::vector<int64_t>> readPrompts(const std::string &path) {
-  std::ifstream in(path);
-  if (!in)
-    throw dflex::IoError("cannot open '" + path + "'");
-  std::vector<std::vector<int64_t>> prompts;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos)
-      continue;
-    const std::string where = path + ":" + std::to_string(number);
-    const dflex::JsonValue value = dflex::parseJsonText(line, where);
-    prompts.push_back(dflex::JsonObject(value, where).integers("input_ids"));
-  }
-  if (prompts.empty())
-    throw dflex::FormatError(path + ": no prompts");
-  return prompts;
-}
 
 void synchronize(torch::Device device) {
   if (device.is_cuda())
@@ -73,7 +53,7 @@ int main(int argc, char **argv) {
     const models::TargetModel target = models::TargetModel::load(targetDir, options);
     const auto drafter = models::DFlashDrafterImpl::load(drafterDir, dtype, device);
     drafter->setTargetWeights(target.embedTokens(), target.lmHead());
-    const std::vector<std::vector<int64_t>> prompts = readPrompts(promptsPath);
+    const std::vector<std::vector<int64_t>> prompts = eval::readPrompts(promptsPath, target.config().vocabSize);
     eval::GenerationOptions generation;
     generation.maxNewTokens = maxNewTokens;
     generation.stopTokens = stopTokens;

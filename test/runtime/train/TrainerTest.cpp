@@ -412,3 +412,28 @@ TEST(Trainer, DevicesBeyondTheVisibleGpusAreNamed) {
   const TrainingPlan cpu = planTraining(tinyConfig(data, dir.file("run")), second);
   EXPECT_NO_THROW(checkDevicesExist(cpu, 0));
 }
+
+TEST(Trainer, EvaluatesBySpeculativeDecodingOnHeldOutPrompts) {
+  TempDir dir;
+  const std::string data = writeJsonl(dir, learnableSamples(20, 10));
+  {
+    std::ofstream prompts(dir.file("prompts.jsonl"));
+    prompts << "{\"input_ids\": [3, 6, 9, 12]}\n{\"input_ids\": [100, 101]}\n";
+  }
+  test::expectError<FormatError>(
+      [&] { tinyConfig(data, dir.file("run"), {"log.eval_interval=5"}); },
+      {"log.eval_prompts", "log.eval_interval = 5"});
+  const TrainConfig config =
+      tinyConfig(data, dir.file("run"), {"train.max_steps=10", "log.interval=3", "log.eval_interval=5",
+                                         "log.eval_prompts=" + dir.file("prompts.jsonl"),
+                                         "log.eval_max_new_tokens=6"});
+  train(planTraining(config), {});
+  std::vector<int64_t> evaluated;
+  for (const dflex::JsonValue &line : metricLines(dir.file("run")))
+    if (const dflex::JsonValue *tau = line.find("eval_tau")) {
+      evaluated.push_back(line.find("step")->asInteger());
+      EXPECT_GE(tau->asNumber(), 1.0);
+      EXPECT_EQ(line.find("eval_accepted_at_least_k")->asArray().size(), 3u);
+    }
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{5, 10}));
+}

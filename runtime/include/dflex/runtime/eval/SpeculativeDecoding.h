@@ -13,6 +13,7 @@
 #include "dflex/runtime/models/TargetModel.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace dflex::runtime::eval {
@@ -29,6 +30,10 @@ struct Generation {
   /// Accepted drafts + 1 (the bonus), averaged over the verifications.
   double acceptanceLength() const;
 };
+
+/// Prompts of a JSONL file, {"input_ids": [...]} per line, each id checked
+/// against `vocabSize`. Throws IoError, or FormatError naming file:line.
+std::vector<std::vector<int64_t>> readPrompts(const std::string &path, int64_t vocabSize);
 
 /// The target alone, greedy: the reference speculative decoding must equal.
 std::vector<int64_t> greedyDecode(const models::TargetModel &target, const std::vector<int64_t> &prompt,

@@ -75,6 +75,8 @@ struct TrainConfig {
   std::string logDir; // empty: checkpoint.dir
   int64_t logInterval = 10;
   int64_t evalInterval = 0; // 0: no periodic eval
+  std::string evalPrompts;  // JSONL of held-out prompts (input_ids)
+  int64_t evalMaxNewTokens = 64;
   /// "cpu", "cuda" (one GPU holding target and drafter), "cuda:N", or two
   /// devices: the target's, then the drafter's.
   std::vector<std::string> devices = {"cpu"};
