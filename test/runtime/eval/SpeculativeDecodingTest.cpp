@@ -1,5 +1,5 @@
 // Greedy speculative decoding on a tiny Qwen3 target (random weights from
-// transformers): the tokens equal the target's own greedy decoding with an
+// transformers), and a hybrid Qwen3.5 one: the tokens equal the target's own greedy decoding with an
 // untrained drafter and with one trained on the target's outputs, which gets
 // drafts accepted; the acceptance summary is the DFlash authors' tau.
 #include "TestSupport.h"
@@ -131,4 +131,24 @@ TEST(SpeculativeDecoding, TauIsEachResponsesMeanThenTheirMean) {
   EXPECT_DOUBLE_EQ(summary.tau, ((1 + 4 + 2) / 3.0 + 4) / 2);
   EXPECT_EQ(summary.acceptedAtLeast, (std::vector<double>{0.75, 0.5, 0.5}));
   EXPECT_EQ(summary.tokens, 2);
+}
+
+TEST(SpeculativeDecoding, IsLosslessOnAHybridGatedDeltaTarget) {
+  TempDir dir;
+  const auto script =
+      test::runPythonFile(std::string(DFLEX_TEST_SOURCE_DIR) + "/../models/python/target_reference.py",
+                          "--model qwen3_5 --out \"" + dir.path().string() + "\"");
+  ASSERT_EQ(script.exitCode, 0) << script.output;
+  const models::TargetModel target = loadTarget(dir.file("model"));
+  const TrainingPlan plan = planTraining(loadTrainConfig(
+      "", {"target.dir=" + dir.file("model"), "drafter.num_layers=2", "drafter.target_layer_ids=[0, 2]",
+           "drafter.block_size=4", "drafter.mask_token_id=511", "data.path=unused.jsonl"}));
+  models::DFlashDrafter drafter(plan.drafter, plan.target.hiddenSize, 3);
+  drafter->to(torch::kDouble);
+  drafter->setTargetWeights(target.embedTokens(), target.lmHead());
+  eval::GenerationOptions options;
+  options.maxNewTokens = 12;
+  for (const auto &prompt : prompts(3, 3))
+    EXPECT_EQ(eval::speculativeDecode(target, *drafter, prompt, options).tokens,
+              eval::greedyDecode(target, prompt, options));
 }
