@@ -23,6 +23,13 @@ std::string shapeOf(const Tensor &t) { return c10::str(t.sizes()); }
 
 Tensor gatedDeltaRule(const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &g,
                       const Tensor &beta, const GatedDeltaOptions &options) {
+  return gatedDeltaRuleWithState(q, k, v, g, beta, Tensor(), options).output;
+}
+
+GatedDeltaResult gatedDeltaRuleWithState(const Tensor &q, const Tensor &k, const Tensor &v,
+                                         const Tensor &g, const Tensor &beta,
+                                         const Tensor &initialState,
+                                         const GatedDeltaOptions &options) {
   if (q.dim() != 4 || k.sizes() != q.sizes() || v.dim() != 4 || v.size(0) != q.size(0) ||
       v.size(1) != q.size(1) || q.size(2) == 0 || v.size(2) % q.size(2) != 0 ||
       g.sizes() != v.sizes().slice(0, 3) || beta.sizes() != g.sizes())
@@ -30,6 +37,11 @@ Tensor gatedDeltaRule(const Tensor &q, const Tensor &k, const Tensor &v, const T
                       "a multiple of Hk, g and beta [B, T, Hv], got q " +
                       shapeOf(q) + ", k " + shapeOf(k) + ", v " + shapeOf(v) + ", g " +
                       shapeOf(g) + ", beta " + shapeOf(beta));
+  if (initialState.defined() &&
+      initialState.sizes() != torch::IntArrayRef({q.size(0), v.size(2), q.size(3), v.size(3)}))
+    throw FormatError("gated delta rule: the initial state must be [B, Hv, Dk, Dv] = " +
+                      c10::str(torch::IntArrayRef({q.size(0), v.size(2), q.size(3), v.size(3)})) +
+                      ", got " + shapeOf(initialState));
   if (options.chunkSize <= 0)
     throw FormatError("gated delta rule: chunk size must be positive");
   const torch::ScalarType wide = computeType(q);
@@ -88,7 +100,9 @@ Tensor gatedDeltaRule(const Tensor &q, const Tensor &k, const Tensor &v, const T
   const Tensor decayedKeyT = (key * (last - gamma).exp().unsqueeze(-1)).transpose(-1, -2);
   const Tensor chunkDecay = last.exp().unsqueeze(-1); // [B, Hv, n, 1, 1]
 
-  Tensor state = torch::zeros({batch, heads, keyDim, valueDim}, query.options());
+  Tensor state = initialState.defined()
+                     ? initialState.to(query.device(), wide)
+                     : torch::zeros({batch, heads, keyDim, valueDim}, query.options());
   std::vector<Tensor> outputs;
   outputs.reserve(chunks);
   for (int64_t c = 0; c < chunks; ++c) {
@@ -97,7 +111,9 @@ Tensor gatedDeltaRule(const Tensor &q, const Tensor &k, const Tensor &v, const T
                       torch::matmul(intra.select(2, c), u));
     state = state * chunkDecay.select(2, c) + torch::matmul(decayedKeyT.select(2, c), u);
   }
-  return torch::cat(outputs, 2).narrow(2, 0, length).transpose(1, 2).to(q.scalar_type());
+  // The padding (beta = 0, g = 0) leaves the state as the last token left it.
+  return {torch::cat(outputs, 2).narrow(2, 0, length).transpose(1, 2).to(q.scalar_type()),
+          state};
 }
 
 Tensor gatedDeltaRule(const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &g,

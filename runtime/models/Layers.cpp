@@ -198,34 +198,72 @@ Tensor repeatHeads(const Tensor &x, int64_t groups) {
       .reshape({x.size(0), x.size(1), x.size(2) * groups, x.size(3)});
 }
 
-Tensor causalAttention(const Tensor &q, const Tensor &k, const Tensor &v,
-                       const TokenLayout &layout, std::optional<int64_t> window, double scale) {
+namespace {
+
+void checkAttentionShapes(const Tensor &q, const Tensor &k, const Tensor &v, bool sameLength,
+                          const std::string &what) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || k.size(2) == 0 ||
-      q.size(2) % k.size(2) != 0 || k.sizes() != v.sizes() || q.size(1) != k.size(1))
-    throw FormatError("causal attention: expected q [B, T, Hq, D] and k, v [B, T, Hkv, D] "
-                      "with Hq a multiple of Hkv, got q " +
-                      shapeOf(q) + ", k " + shapeOf(k) + ", v " + shapeOf(v));
+      q.size(2) % k.size(2) != 0 || k.sizes() != v.sizes() || q.size(0) != k.size(0) ||
+      q.size(3) != k.size(3) || (sameLength ? q.size(1) != k.size(1) : q.size(1) > k.size(1)))
+    throw FormatError(what + ": expected q [B, " + (sameLength ? "T" : "Tq") +
+                      ", Hq, D] and k, v [B, " + (sameLength ? "T" : "Tk >= Tq") +
+                      ", Hkv, D] with Hq a multiple of Hkv, got q " + shapeOf(q) + ", k " +
+                      shapeOf(k) + ", v " + shapeOf(v));
+}
+
+/// Query positions [Tq] against key positions [Tk]: which keys each query
+/// sees (kv <= q, and q - kv < window with a window).
+Tensor causalVisibility(const Tensor &queryPositions, const Tensor &keyPositions,
+                        std::optional<int64_t> window) {
+  const Tensor distance = queryPositions.unsqueeze(1) - keyPositions.unsqueeze(0);
+  Tensor visible = distance >= 0;
+  if (window)
+    visible = visible & (distance < *window);
+  return visible;
+}
+
+/// scaled_dot_product_attention over [B, T, H, D] tensors with grouped
+/// key/value heads: causal (top-left aligned, Tq == Tk) without a mask, else
+/// the boolean mask [B or 1, Tq, Tk].
+Tensor attend(const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &mask,
+              double scale) {
   const int64_t groups = q.size(2) / k.size(2);
   const Tensor qh = q.transpose(1, 2);
   const Tensor kh = repeatHeads(k, groups).transpose(1, 2);
   const Tensor vh = repeatHeads(v, groups).transpose(1, 2);
-  Tensor out;
-  if (!layout.isPacked() && !window) {
-    out = at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, /*is_causal=*/true, scale);
-  } else {
-    const Tensor &offsets = layout.offsets();
-    const Tensor position = torch::arange(q.size(1), offsets.options());
-    Tensor visible = position.unsqueeze(1) >= position.unsqueeze(0); // [T, T]: q >= kv
-    if (window)
-      visible = visible & (position.unsqueeze(1) - position.unsqueeze(0) < *window);
-    Tensor mask = visible.unsqueeze(0);
-    if (layout.isPacked()) {
-      const Tensor &ids = layout.segmentIds();
-      mask = mask & (ids.unsqueeze(2) == ids.unsqueeze(1));
-    }
-    out = at::scaled_dot_product_attention(qh, kh, vh, mask.unsqueeze(1), 0.0, false, scale);
-  }
+  const Tensor out =
+      mask.defined()
+          ? at::scaled_dot_product_attention(qh, kh, vh, mask.unsqueeze(1), 0.0, false, scale)
+          : at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, /*is_causal=*/true, scale);
   return out.transpose(1, 2);
+}
+
+} // namespace
+
+Tensor causalAttention(const Tensor &q, const Tensor &k, const Tensor &v,
+                       const TokenLayout &layout, std::optional<int64_t> window, double scale) {
+  checkAttentionShapes(q, k, v, /*sameLength=*/true, "causal attention");
+  if (!layout.isPacked() && !window)
+    return attend(q, k, v, Tensor(), scale);
+  const Tensor position = torch::arange(q.size(1), layout.offsets().options());
+  Tensor mask = causalVisibility(position, position, window).unsqueeze(0); // [1, T, T]
+  if (layout.isPacked()) {
+    const Tensor &ids = layout.segmentIds();
+    mask = mask & (ids.unsqueeze(2) == ids.unsqueeze(1));
+  }
+  return attend(q, k, v, mask, scale);
+}
+
+Tensor causalAttentionAfter(const Tensor &q, const Tensor &k, const Tensor &v,
+                            std::optional<int64_t> window, double scale) {
+  checkAttentionShapes(q, k, v, /*sameLength=*/false, "causal attention after a prefix");
+  const int64_t queries = q.size(1), keys = k.size(1);
+  if (queries == keys && !window)
+    return attend(q, k, v, Tensor(), scale);
+  const auto options = torch::TensorOptions(torch::kLong).device(q.device());
+  const Tensor mask = causalVisibility(torch::arange(keys - queries, keys, options),
+                                       torch::arange(keys, options), window);
+  return attend(q, k, v, mask.unsqueeze(0), scale);
 }
 
 } // namespace dflex::runtime::models

@@ -54,6 +54,15 @@ void checkSupported(const TransformerConfig &c, const std::string &where) {
                               "linear_num_key_heads");
 }
 
+/// The gated delta rule's options for a cached call of `tokens` tokens: a
+/// short call is one chunk of its own length, not padded to 64 (one token
+/// at a time is the plain recurrence).
+GatedDeltaOptions decodingChunks(int64_t tokens) {
+  GatedDeltaOptions options;
+  options.chunkSize = std::min(options.chunkSize, tokens);
+  return options;
+}
+
 } // namespace
 
 TargetModel::TargetModel(TransformerConfig config, TargetModelOptions options)
@@ -133,7 +142,8 @@ Tensor TargetModel::norm(const Tensor &x, const Tensor &weight) const {
 
 Tensor TargetModel::attentionLayer(const LayerWeights &layer, const Tensor &x,
                                    const std::pair<Tensor, Tensor> &rope,
-                                   const TokenLayout &layout) const {
+                                   const TokenLayout &layout,
+                                   TargetCache::Attention *cache) const {
   const AttentionWeights &w = layer.attention;
   const int64_t batch = x.size(0), length = x.size(1), headDim = config_.headDim;
   Tensor projected = at::linear(x, w.q, w.qBias).view({batch, length, config_.numAttentionHeads, -1});
@@ -144,16 +154,23 @@ Tensor TargetModel::attentionLayer(const LayerWeights &layer, const Tensor &x,
   }
   query = norm(query, w.qNorm);
   Tensor key = norm(at::linear(x, w.k, w.kBias).view({batch, length, -1, headDim}), w.kNorm);
-  const Tensor value = at::linear(x, w.v, w.vBias).view({batch, length, -1, headDim});
+  Tensor value = at::linear(x, w.v, w.vBias).view({batch, length, -1, headDim});
   query = applyRotary(query, rope.first, rope.second);
   key = applyRotary(key, rope.first, rope.second);
   std::optional<int64_t> window;
   if (layer.kind == LayerKind::SlidingAttention)
     window = config_.slidingWindow;
   const double scale = 1.0 / std::sqrt(double(headDim));
-  const SelfAttentionCall call{query, key, value, layout, window, scale};
-  Tensor out = options_.attention ? options_.attention(call)
-                                  : causalAttention(query, key, value, layout, window, scale);
+  Tensor out;
+  if (cache) {
+    cache->keys = torch::cat({cache->keys, key}, 1);
+    cache->values = torch::cat({cache->values, value}, 1);
+    out = causalAttentionAfter(query, cache->keys, cache->values, window, scale);
+  } else {
+    const SelfAttentionCall call{query, key, value, layout, window, scale};
+    out = options_.attention ? options_.attention(call)
+                             : causalAttention(query, key, value, layout, window, scale);
+  }
   out = out.reshape({batch, length, -1});
   if (gate.defined())
     out = out * torch::sigmoid(gate);
@@ -161,11 +178,26 @@ Tensor TargetModel::attentionLayer(const LayerWeights &layer, const Tensor &x,
 }
 
 Tensor TargetModel::gatedDeltaLayer(const GatedDeltaWeights &w, const Tensor &x,
-                                    const TokenLayout &layout) const {
+                                    const TokenLayout &layout,
+                                    TargetCache::GatedDelta *cache) const {
   const GatedDeltaConfig &g = *config_.gatedDelta;
   const int64_t batch = x.size(0), length = x.size(1);
   const int64_t keyWidth = g.numKeyHeads * g.keyHeadDim;
-  const Tensor mixed = torch::silu(causalDepthwiseConv(at::linear(x, w.inProjQkv), w.conv, layout));
+  const Tensor projected = at::linear(x, w.inProjQkv);
+  Tensor convolved;
+  if (cache) {
+    // The convolution over the cached K-1 inputs and the new ones; its
+    // first K-1 outputs belong to earlier calls.
+    const int64_t history = cache->conv.size(2);
+    cache->convWindow = torch::cat({cache->conv.transpose(1, 2), projected}, 1);
+    convolved = causalDepthwiseConv(cache->convWindow, w.conv,
+                                    TokenLayout::rows(batch, history + length, x.device()))
+                    .narrow(1, history, length);
+    cache->conv = cache->convWindow.narrow(1, length, history).transpose(1, 2).contiguous();
+  } else {
+    convolved = causalDepthwiseConv(projected, w.conv, layout);
+  }
+  const Tensor mixed = torch::silu(convolved);
   const Tensor q = mixed.narrow(-1, 0, keyWidth).view({batch, length, -1, g.keyHeadDim});
   const Tensor k = mixed.narrow(-1, keyWidth, keyWidth).view({batch, length, -1, g.keyHeadDim});
   const Tensor v = mixed.narrow(-1, 2 * keyWidth, g.numValueHeads * g.valueHeadDim)
@@ -174,15 +206,95 @@ Tensor TargetModel::gatedDeltaLayer(const GatedDeltaWeights &w, const Tensor &x,
   // g = -exp(A_log) softplus(a + dt_bias), in float32 (A may be large).
   const Tensor a = at::linear(x, w.inProjA).to(torch::kFloat);
   const Tensor decay = -w.aLog.to(torch::kFloat).exp() * torch::softplus(a + w.dtBias);
-  const GatedDeltaCall call{q, k, v, decay, beta, layout};
-  const Tensor core = options_.gatedDelta ? options_.gatedDelta(call)
-                                          : gatedDeltaRule(q, k, v, decay, beta, layout);
+  Tensor core;
+  if (cache) {
+    GatedDeltaResult result =
+        gatedDeltaRuleWithState(q, k, v, decay, beta, cache->state, decodingChunks(length));
+    cache->stateBefore = std::move(cache->state);
+    cache->state = std::move(result.state);
+    cache->keys = k;
+    cache->values = v;
+    cache->decay = decay;
+    cache->beta = beta;
+    core = std::move(result.output);
+  } else {
+    const GatedDeltaCall call{q, k, v, decay, beta, layout};
+    core = options_.gatedDelta ? options_.gatedDelta(call)
+                               : gatedDeltaRule(q, k, v, decay, beta, layout);
+  }
   const Tensor z = at::linear(x, w.inProjZ).view({batch, length, -1, g.valueHeadDim});
   const Tensor normed = gatedRmsNorm(core, z, w.norm, config_.rmsNormEps);
   return at::linear(normed.reshape({batch, length, -1}), w.outProj);
 }
 
+void TargetModel::startCache(TargetCache &cache, int64_t batch) const {
+  const auto options = torch::TensorOptions(options_.dtype).device(options_.device);
+  cache = TargetCache();
+  cache.batch = batch;
+  for (const LayerWeights &layer : layers_) {
+    TargetCache::Layer entry;
+    if (layer.kind == LayerKind::LinearAttention) {
+      const GatedDeltaConfig &g = *config_.gatedDelta;
+      const torch::ScalarType wide =
+          options_.dtype == torch::kDouble ? torch::kDouble : torch::kFloat;
+      entry.gatedDelta.state = torch::zeros(
+          {batch, g.numValueHeads, g.keyHeadDim, g.valueHeadDim}, options.dtype(wide));
+      entry.gatedDelta.conv = torch::zeros(
+          {batch, layer.gatedDelta.conv.size(0), layer.gatedDelta.conv.size(2) - 1}, options);
+    } else {
+      const std::vector<int64_t> empty{batch, 0, config_.numKeyValueHeads, config_.headDim};
+      entry.attention.keys = torch::empty(empty, options);
+      entry.attention.values = torch::empty(empty, options);
+    }
+    cache.layers.push_back(std::move(entry));
+  }
+}
+
+void TargetCache::truncate(int64_t newLength) {
+  if (newLength < lengthBeforeLastForward || newLength > length)
+    throw FormatError("target cache: cannot truncate to " + std::to_string(newLength) +
+                      " tokens: only lengths from " + std::to_string(lengthBeforeLastForward) +
+                      " (before the last forward) to " + std::to_string(length) +
+                      " (the cache's length) can be recovered");
+  if (newLength == length)
+    return;
+  const int64_t kept = newLength - lengthBeforeLastForward;
+  for (Layer &layer : layers) {
+    if (layer.attention.keys.defined()) {
+      layer.attention.keys = layer.attention.keys.narrow(1, 0, newLength);
+      layer.attention.values = layer.attention.values.narrow(1, 0, newLength);
+    } else if (layer.gatedDelta.state.defined()) {
+      GatedDelta &d = layer.gatedDelta;
+      if (kept == 0) {
+        d.state = d.stateBefore;
+      } else {
+        // The state depends on the keys, not the queries.
+        auto prefix = [&](const Tensor &x) { return x.narrow(1, 0, kept); };
+        const Tensor keys = prefix(d.keys);
+        d.state = gatedDeltaRuleWithState(keys, keys, prefix(d.values), prefix(d.decay),
+                                          prefix(d.beta), d.stateBefore, decodingChunks(kept))
+                      .state;
+      }
+      d.conv = d.convWindow.narrow(1, kept, d.conv.size(2)).transpose(1, 2).contiguous();
+    }
+  }
+  length = newLength;
+}
+
 TargetOutputs TargetModel::forward(const TargetInputs &inputs) const {
+  return run(inputs, nullptr);
+}
+
+TargetOutputs TargetModel::forward(const TargetInputs &inputs, TargetCache &cache) const {
+  // On a shallow copy (the layers replace their tensors, never write into
+  // them): a forward that throws leaves the cache as it was.
+  TargetCache next = cache;
+  TargetOutputs outputs = run(inputs, &next);
+  cache = std::move(next);
+  return outputs;
+}
+
+TargetOutputs TargetModel::run(const TargetInputs &inputs, TargetCache *cache) const {
   // No grad, but not inference mode: the captured hidden states feed the
   // drafter's autograd graph.
   torch::NoGradGuard noGrad;
@@ -194,19 +306,36 @@ TargetOutputs TargetModel::forward(const TargetInputs &inputs) const {
     if (layer < 0 || layer >= layers)
       throw FormatError("target forward: capture layer " + std::to_string(layer) +
                         " is outside [0, " + std::to_string(layers) + ")");
+  if (cache) {
+    if (inputs.cuSeqlens.defined())
+      throw FormatError("target forward with a cache: packed rows (cu_seqlens) are not "
+                        "supported, one sequence per row");
+    if (length < 1)
+      throw FormatError("target forward with a cache: input_ids " + c10::str(ids.sizes()) +
+                        " holds no token");
+    if (cache->empty())
+      startCache(*cache, batch);
+    else if (cache->batch != batch || int64_t(cache->layers.size()) != layers)
+      throw FormatError("target forward with a cache: the cache holds " +
+                        std::to_string(cache->batch) + " rows of a " +
+                        std::to_string(cache->layers.size()) + "-layer model, input_ids " +
+                        c10::str(ids.sizes()) + " for this " + std::to_string(layers) +
+                        "-layer model");
+  }
   const torch::Device device = options_.device;
   const Tensor tokens = ids.to(device, torch::kLong);
   const TokenLayout layout = inputs.cuSeqlens.defined()
                                  ? TokenLayout::packed(inputs.cuSeqlens, batch, length, device)
                                  : TokenLayout::rows(batch, length, device);
   Tensor positions = inputs.positionIds.defined() ? inputs.positionIds.to(device, torch::kLong)
+                     : cache                      ? layout.offsets() + cache->length
                                                   : layout.offsets();
   if (positions.sizes() != ids.sizes())
     throw FormatError("target forward: position_ids " + c10::str(positions.sizes()) +
                       " must match input_ids " + c10::str(ids.sizes()));
   const std::pair<Tensor, Tensor> rope = rotary_.table(positions, options_.dtype);
 
-  int64_t lastLayer = inputs.computeLogits ? layers - 1 : -1;
+  int64_t lastLayer = inputs.computeLogits || cache ? layers - 1 : -1;
   for (int64_t layer : inputs.captureLayers)
     lastLayer = std::max(lastLayer, layer);
   TargetOutputs outputs;
@@ -214,14 +343,21 @@ TargetOutputs TargetModel::forward(const TargetInputs &inputs) const {
   Tensor x = torch::embedding(embedTokens_, tokens);
   for (int64_t i = 0; i <= lastLayer; ++i) {
     const LayerWeights &layer = layers_[i];
+    TargetCache::Layer *entry = cache ? &cache->layers[i] : nullptr;
     const Tensor normed = norm(x, layer.inputNorm);
     x = x + (layer.kind == LayerKind::LinearAttention
-                 ? gatedDeltaLayer(layer.gatedDelta, normed, layout)
-                 : attentionLayer(layer, normed, rope, layout));
+                 ? gatedDeltaLayer(layer.gatedDelta, normed, layout,
+                                   entry ? &entry->gatedDelta : nullptr)
+                 : attentionLayer(layer, normed, rope, layout,
+                                  entry ? &entry->attention : nullptr));
     x = x + swiGlu(norm(x, layer.postAttentionNorm), layer.mlpGate, layer.mlpUp, layer.mlpDown);
     for (size_t c = 0; c < inputs.captureLayers.size(); ++c)
       if (inputs.captureLayers[c] == i)
         outputs.hiddenStates[c] = x;
+  }
+  if (cache) {
+    cache->lengthBeforeLastForward = cache->length;
+    cache->length += length;
   }
   if (inputs.computeLogits) {
     outputs.finalHidden = norm(x, finalNorm_);

@@ -34,6 +34,23 @@ torch::Tensor gatedDeltaRule(const torch::Tensor &q, const torch::Tensor &k,
                              const torch::Tensor &v, const torch::Tensor &g,
                              const torch::Tensor &beta, const GatedDeltaOptions &options = {});
 
+/// The output of a gated-delta call and the state it ends in.
+struct GatedDeltaResult {
+  torch::Tensor output; ///< [B, T, Hv, Dv] in the dtype of q
+  torch::Tensor state;  ///< [B, Hv, Dk, Dv] in the compute type
+};
+
+/// gatedDeltaRule continuing from `initialState` [B, Hv, Dk, Dv] (any
+/// floating dtype; undefined: zero) instead of a zero state, also returning
+/// the state after the last token (the incremental decoding of
+/// TargetModel's cached forward). The same computation: with an undefined
+/// initial state the output equals gatedDeltaRule's to the bit.
+GatedDeltaResult gatedDeltaRuleWithState(const torch::Tensor &q, const torch::Tensor &k,
+                                         const torch::Tensor &v, const torch::Tensor &g,
+                                         const torch::Tensor &beta,
+                                         const torch::Tensor &initialState,
+                                         const GatedDeltaOptions &options = {});
+
 /// gatedDeltaRule over the sequences of `layout`: each segment of a packed
 /// row starts from a zero state.
 torch::Tensor gatedDeltaRule(const torch::Tensor &q, const torch::Tensor &k,

@@ -119,6 +119,17 @@ torch::Tensor causalAttention(const torch::Tensor &q, const torch::Tensor &k,
                               const torch::Tensor &v, const TokenLayout &layout,
                               std::optional<int64_t> window, double scale);
 
+/// The attention of the last Tq tokens of each row over all Tk tokens of the
+/// row (incremental decoding with cached keys and values): query i sits at
+/// position Tk - Tq + i and sees keys j with j <= Tk - Tq + i (and, with a
+/// window, Tk - Tq + i - j < window), as causalAttention's queries would in
+/// the whole row. q [B, Tq, Hq, D], k and v [B, Tk, Hkv, D], Tq <= Tk; one
+/// sequence per row; returns [B, Tq, Hq, D]. With Tq == Tk it is
+/// causalAttention over rows.
+torch::Tensor causalAttentionAfter(const torch::Tensor &q, const torch::Tensor &k,
+                                   const torch::Tensor &v, std::optional<int64_t> window,
+                                   double scale);
+
 /// Key/value heads repeated to match the query heads: [B, T, Hkv, D] ->
 /// [B, T, Hkv * groups, D], each key/value head serving `groups` consecutive
 /// query heads.

@@ -72,6 +72,67 @@ struct TargetOutputs {
   torch::Tensor logits;                    ///< [B, T, V] (with computeLogits)
 };
 
+/// What a batch of sequences has seen so far, for incremental (greedy
+/// speculative) decoding with TargetModel::forward(inputs, cache): one
+/// sequence per row, every row `length` tokens long. A default-constructed
+/// cache is empty; the first cached forward sizes it for its model and batch.
+/// Tensors sit on the model's device.
+///
+/// Rollback: truncate(n) keeps the first n tokens, n anywhere in
+/// [lengthBeforeLastForward, length] (the draft tokens of the last call that
+/// the target accepted). Attention layers cut their keys and values; a
+/// gated-delta layer's state after token n is not kept per token but
+/// recomputed: each cached forward keeps, per gated-delta layer, the state
+/// before the call and the call's inputs of the rule and the convolution,
+/// and truncate reruns the rule over the kept n - lengthBeforeLastForward
+/// tokens (one chunk of the chunked rule for a draft block; the convolution
+/// state is a slice). Repeated truncates within the range are allowed.
+///
+/// Every call replaces the cache's tensors and never writes into them: a
+/// copy of a cache is an independent snapshot, and a forward that throws
+/// leaves the cache as it was. The price: each call concatenates the new
+/// keys and values to the cached ones (a copy of the layer's cache, linear
+/// in its length), not an in-place append into preallocated memory.
+struct TargetCache {
+  /// A full or sliding-window attention layer: keys and values after the
+  /// norms and RoPE, [B, length, Hkv, D] in the model's dtype. Sliding
+  /// layers keep every key too (the mask applies the window).
+  struct Attention {
+    torch::Tensor keys, values;
+  };
+  /// A gated-delta (linear-attention) layer.
+  struct GatedDelta {
+    /// The recurrent state [B, Hv, Dk, Dv] in float32 (float64 for a float64
+    /// model).
+    torch::Tensor state;
+    /// The convolution's last K-1 inputs (the in_proj_qkv outputs) [B, C,
+    /// K-1] in the model's dtype; zeros before the first token.
+    torch::Tensor conv;
+    /// For truncate, from the last forward of n tokens: the state before it,
+    /// the keys [B, n, Hk, Dk] (not L2-normalised), values [B, n, Hv, Dv],
+    /// log decays and betas [B, n, Hv] it fed the rule, and the
+    /// convolution's window [B, K-1+n, C] (the K-1 inputs before the call,
+    /// then the call's).
+    torch::Tensor stateBefore, keys, values, decay, beta, convWindow;
+  };
+  /// Per decoder layer; the member of the layer's kind is set.
+  struct Layer {
+    Attention attention;
+    GatedDelta gatedDelta;
+  };
+
+  std::vector<Layer> layers;
+  int64_t batch = 0;
+  int64_t length = 0;              ///< tokens seen per row
+  int64_t lengthBeforeLastForward = 0;
+
+  bool empty() const { return layers.empty(); }
+  /// Back to the first `length` tokens; `length` must lie in
+  /// [lengthBeforeLastForward, this->length], else a FormatError naming
+  /// both bounds and `length`.
+  void truncate(int64_t length);
+};
+
 class TargetModel {
 public:
   /// Reads `directory`/config.json (Qwen3 or Qwen3.5) and its safetensors
@@ -88,6 +149,20 @@ public:
   /// Runs without autograd. Inputs may be on any device (moved to the
   /// model's).
   TargetOutputs forward(const TargetInputs &inputs) const;
+
+  /// Incremental decoding: inputs.inputIds [B, n] are the next n tokens of
+  /// every row of `cache`, at positions cache.length .. cache.length + n - 1
+  /// (inputs.positionIds, if given, only change the RoPE positions).
+  /// Attention reads the cached keys and values plus the new ones causally
+  /// (sliding-window layers within the window counted back from each
+  /// query's index); gated-delta layers continue from the cached state and
+  /// convolution inputs. Returns the captured layers' outputs [B, n, H] and,
+  /// with computeLogits, the final norm and logits of the n tokens; the cache
+  /// grows by n (see TargetCache for rollback). Every layer runs whatever is
+  /// captured, to keep the cache whole. No packed rows (cuSeqlens must be
+  /// undefined). Plain LibTorch: options.attention and options.gatedDelta
+  /// (shaped for whole training rows) are not used on this path.
+  TargetOutputs forward(const TargetInputs &inputs, TargetCache &cache) const;
 
   /// The frozen weights a drafter borrows: [V, H] each (the same tensor when
   /// the embeddings are tied).
@@ -115,11 +190,15 @@ private:
 
   TargetModel(TransformerConfig config, TargetModelOptions options);
   torch::Tensor norm(const torch::Tensor &x, const torch::Tensor &weight) const;
+  /// Both forwards: without a cache the training shapes (hooks, packed
+  /// rows); with one, incremental decoding.
+  TargetOutputs run(const TargetInputs &inputs, TargetCache *cache) const;
+  void startCache(TargetCache &cache, int64_t batch) const;
   torch::Tensor attentionLayer(const LayerWeights &layer, const torch::Tensor &x,
                                const std::pair<torch::Tensor, torch::Tensor> &rope,
-                               const TokenLayout &layout) const;
+                               const TokenLayout &layout, TargetCache::Attention *cache) const;
   torch::Tensor gatedDeltaLayer(const GatedDeltaWeights &layer, const torch::Tensor &x,
-                                const TokenLayout &layout) const;
+                                const TokenLayout &layout, TargetCache::GatedDelta *cache) const;
 
   TransformerConfig config_;
   TargetModelOptions options_;
