@@ -16,20 +16,21 @@ torch::Tensor sequenceTensor(const std::vector<int64_t> &tokens, torch::Device d
   return torch::tensor(tokens, torch::kLong).view({1, -1}).to(device);
 }
 
-/// The target over `tokens`: its greedy next token at every position, and
-/// (when `layers` is not empty) the drafter's context features.
+/// The target fed `tokens` after what `cache` holds: its greedy next token
+/// after each of them, and (when `layers` is not empty) their context
+/// features.
 struct TargetPass {
   std::vector<int64_t> next;
   torch::Tensor features;
 };
 
-TargetPass runTarget(const models::TargetModel &target, const std::vector<int64_t> &tokens,
-                     const std::vector<int64_t> &layers) {
+TargetPass runTarget(const models::TargetModel &target, models::TargetCache &cache,
+                     const std::vector<int64_t> &tokens, const std::vector<int64_t> &layers) {
   models::TargetInputs inputs;
   inputs.inputIds = sequenceTensor(tokens, target.device());
   inputs.captureLayers = layers;
   inputs.computeLogits = true;
-  const models::TargetOutputs out = target.forward(inputs);
+  const models::TargetOutputs out = target.forward(inputs, cache);
   TargetPass pass;
   const torch::Tensor next = out.logits[0].argmax(-1).cpu();
   pass.next.assign(next.data_ptr<int64_t>(), next.data_ptr<int64_t>() + next.numel());
@@ -94,10 +95,12 @@ std::vector<int64_t> greedyDecode(const models::TargetModel &target, const std::
                                   const GenerationOptions &options) {
   checkPrompt(prompt, target);
   torch::NoGradGuard noGrad;
-  std::vector<int64_t> sequence = prompt, generated;
+  models::TargetCache cache;
+  std::vector<int64_t> generated;
+  std::vector<int64_t> feed = prompt;
   while (options.maxNewTokens > 0) {
-    const int64_t token = runTarget(target, sequence, {}).next.back();
-    sequence.push_back(token);
+    const int64_t token = runTarget(target, cache, feed, {}).next.back();
+    feed = {token};
     if (append(generated, token, options))
       break;
   }
@@ -115,9 +118,13 @@ Generation speculativeDecode(const models::TargetModel &target, models::DFlashDr
   if (options.maxNewTokens <= 0)
     return result;
 
-  // The prompt's pass gives the first token and the context of the first block.
+  // The prompt's pass gives the first token and the context of the first
+  // block. The cache then holds every token but the last, which the next
+  // verification feeds first.
+  models::TargetCache cache;
   std::vector<int64_t> sequence = prompt;
-  TargetPass pass = runTarget(target, sequence, dflash.targetLayerIds);
+  TargetPass pass = runTarget(target, cache, sequence, dflash.targetLayerIds);
+  torch::Tensor context = pass.features; // [1, tokens fed, n * Ht]
   sequence.push_back(pass.next.back());
   if (append(result.tokens, sequence.back(), options))
     return result;
@@ -126,7 +133,7 @@ Generation speculativeDecode(const models::TargetModel &target, models::DFlashDr
     // Draft: the block anchored at the last token sees every token before it.
     const int64_t anchor = int64_t(sequence.size()) - 1;
     models::DrafterInputs inputs;
-    inputs.contextFeatures = pass.features.narrow(1, 0, anchor).to(device);
+    inputs.contextFeatures = context.to(device);
     inputs.contextPositions = torch::arange(anchor, torch::kLong).view({1, -1}).to(device);
     std::vector<int64_t> block(size_t(blockSize), dflash.maskTokenId);
     block[0] = sequence.back();
@@ -142,24 +149,26 @@ Generation speculativeDecode(const models::TargetModel &target, models::DFlashDr
         torch::matmul(hidden.narrow(0, 1, blockSize - 1), drafter.lmHead().to(hidden.dtype()).t())
             .argmax(-1)
             .cpu();
-    std::vector<int64_t> candidate = sequence;
-    candidate.insert(candidate.end(), drafted.data_ptr<int64_t>(), drafted.data_ptr<int64_t>() + drafted.numel());
+    std::vector<int64_t> verified = {sequence.back()};
+    verified.insert(verified.end(), drafted.data_ptr<int64_t>(), drafted.data_ptr<int64_t>() + drafted.numel());
 
-    // Verify: the target's next token after each position of the block.
-    pass = runTarget(target, candidate, dflash.targetLayerIds);
+    // Verify: the target's next token after each position of the block; the
+    // cache keeps the last token and the accepted drafts.
+    pass = runTarget(target, cache, verified, dflash.targetLayerIds);
     int64_t accepted = 0;
-    while (accepted < blockSize - 1 &&
-           candidate[size_t(anchor + 1 + accepted)] == pass.next[size_t(anchor + accepted)])
+    while (accepted < blockSize - 1 && verified[size_t(1 + accepted)] == pass.next[size_t(accepted)])
       ++accepted;
+    cache.truncate(anchor + 1 + accepted);
+    context = torch::cat({context, pass.features.narrow(1, 0, accepted + 1)}, 1);
     result.acceptedDrafts.push_back(accepted);
     bool done = false;
     for (int64_t j = 0; j < accepted && !done; ++j) {
-      sequence.push_back(candidate[size_t(anchor + 1 + j)]);
+      sequence.push_back(verified[size_t(1 + j)]);
       done = append(result.tokens, sequence.back(), options);
     }
     if (done)
       return result;
-    sequence.push_back(pass.next[size_t(anchor + accepted)]); // the bonus token
+    sequence.push_back(pass.next[size_t(accepted)]); // the bonus token
     if (append(result.tokens, sequence.back(), options))
       return result;
   }

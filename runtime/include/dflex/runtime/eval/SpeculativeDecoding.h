@@ -5,8 +5,9 @@
 // agrees with plus the target's own next token (the bonus) is kept. The
 // generated tokens are the target's greedy decoding, token for token.
 //
-// Each verification runs the target over the whole sequence (no cache yet):
-// correct, and quadratic in the length.
+// The target decodes with a cache (TargetCache: attention keys and values,
+// gated-delta and convolution states), rolled back to the accepted prefix
+// after each verification; the target-alone baseline uses the same cache.
 #pragma once
 
 #include "dflex/runtime/models/Drafter.h"
