@@ -107,6 +107,23 @@ print(f"| loss first -> last interval | {lines[0]['loss']:.3f} -> {lines[-1]['lo
 print(f"| tau last interval | {lines[-1]['tau']:.3f} |")
 print(f"| wall time of the run incl. start-up (s) | {wall:.1f} |")
 
+# dflex-eval on the trained drafter: 8 held-out prompts, 64 new tokens, float32 on the GPU.
+prompts = os.path.join(work, "prompts.jsonl")
+rng = random.Random(7)
+with open(prompts, "w") as f:
+    for _ in range(8):
+        start, stride = rng.randrange(150000), rng.randrange(1, 7)
+        f.write(json.dumps({"input_ids": [(start + stride * i) % 151000 for i in range(48)]}) + "\n")
+latest = open(os.path.join(work, "run", "latest")).read().strip()
+evaluated = subprocess.run([os.path.join(args.build, "bin", "dflex-eval"), "--target", f"{work}/target",
+                            "--drafter", os.path.join(work, "run", latest), "--prompts", prompts,
+                            "--max-new-tokens", "64", "--device", "cuda", "--dtype", "float32",
+                            "--out", os.path.join(work, "eval.json")], capture_output=True, text=True)
+print(evaluated.stdout, evaluated.stderr[-600:])
+if evaluated.returncode not in (0, 1):
+    sys.exit(f"train_bench: dflex-eval exited {evaluated.returncode}")
+print("dflex-eval:", open(os.path.join(work, "eval.json")).read())
+
 # The same run as a launcher starts it (one rank): its collectives go through a real NCCL group.
 env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
            MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
