@@ -1,6 +1,6 @@
 #include "dflex/runtime/train/FeaturePipeline.h"
 
-#include "dflex/runtime/models/Drafter.h"
+#include "dflex/runtime/train/DrafterStep.h"
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -27,7 +27,8 @@ int indexOf(torch::Device device) { return device.has_index() ? device.index() :
 FeaturePipeline::FeaturePipeline(const models::TargetModel &target,
                                  std::vector<int64_t> targetLayerIds, torch::Device drafterDevice,
                                  size_t depth)
-    : target_(target), layers_(std::move(targetLayerIds)), drafterDevice_(drafterDevice),
+    : target_(target), features_(targetFeatures(target, std::move(targetLayerIds))),
+      drafterDevice_(drafterDevice),
       depth_(std::max<size_t>(depth, 1)) {
   thread_ = std::thread([this] { work(); });
 }
@@ -74,12 +75,7 @@ void FeaturePipeline::work() {
       if (targetStream)
         onTarget.emplace(*targetStream);
       const Clock::time_point start = Clock::now();
-      models::TargetInputs inputs;
-      inputs.inputIds = item->batch.tokens;
-      inputs.positionIds = item->batch.positionIds;
-      inputs.cuSeqlens = item->batch.cuSeqlens;
-      inputs.captureLayers = layers_;
-      torch::Tensor features = models::concatContextFeatures(target_.forward(inputs).hiddenStates);
+      torch::Tensor features = features_(item->batch);
       if (targetStream)
         targetStream->synchronize(); // the forward's own time, on this thread only
       const double forwardMs = millisecondsSince(start);

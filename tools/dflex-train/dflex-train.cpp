@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -44,6 +45,21 @@ void runReport(const std::string &logDir) {
     std::cerr << "dflex-train: " << command << " failed; metrics.jsonl is complete\n";
 }
 
+/// Runs `body`; the exit status of what it throws: 2 for bad input (a
+/// FormatError, named), 1 for any other failure.
+int runReporting(const std::function<void()> &body) {
+  try {
+    body();
+    return 0;
+  } catch (const dflex::FormatError &error) {
+    std::cerr << "dflex-train: " << error.what() << "\n";
+    return 2;
+  } catch (const std::exception &error) {
+    std::cerr << "dflex-train: " << error.what() << "\n";
+    return 1;
+  }
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -64,27 +80,12 @@ int main(int argc, char **argv) {
   CLI11_PARSE(app, argc, argv);
 
   TrainingPlan plan;
-  try {
-    plan = planTraining(loadTrainConfig(configPath, overrides), RankEnvironment::fromEnvironment());
-  } catch (const dflex::FormatError &error) {
-    std::cerr << "dflex-train: " << error.what() << "\n";
-    return 2;
-  } catch (const std::exception &error) {
-    std::cerr << "dflex-train: " << error.what() << "\n";
-    return 1;
-  }
-  if (checkOnly) {
-    try {
-      std::cout << dryRun(plan);
-    } catch (const dflex::FormatError &error) {
-      std::cerr << "dflex-train: " << error.what() << "\n";
-      return 2;
-    } catch (const std::exception &error) {
-      std::cerr << "dflex-train: " << error.what() << "\n";
-      return 1;
-    }
-    return 0;
-  }
+  if (const int status = runReporting([&] {
+        plan = planTraining(loadTrainConfig(configPath, overrides), RankEnvironment::fromEnvironment());
+      }))
+    return status;
+  if (checkOnly)
+    return runReporting([&] { std::cout << dryRun(plan); });
 
   std::signal(SIGTERM, requestStop);
   std::signal(SIGINT, requestStop);
@@ -97,7 +98,7 @@ int main(int argc, char **argv) {
   const std::string logDir = plan.config.logDir.empty() ? plan.config.checkpointDir : plan.config.logDir;
   if (!noReport)
     options.afterCheckpoint = [&] { runReport(logDir); };
-  try {
+  return runReporting([&] {
     const TrainResult result = train(plan, options);
     if (result.interrupted)
       std::cout << "dflex-train: stopped by signal after step " << result.steps << "; resume with --resume "
@@ -105,12 +106,5 @@ int main(int argc, char **argv) {
     else
       std::cout << "dflex-train: done, " << result.steps << " updates (" << result.skippedSteps
                 << " skipped); the drafter is in " << result.checkpoint << "\n";
-    return 0;
-  } catch (const dflex::FormatError &error) {
-    std::cerr << "dflex-train: " << error.what() << "\n";
-    return 2;
-  } catch (const std::exception &error) {
-    std::cerr << "dflex-train: " << error.what() << "\n";
-  }
-  return 1;
+  });
 }

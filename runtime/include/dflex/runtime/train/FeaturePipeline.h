@@ -10,6 +10,7 @@
 
 #include "dflex/runtime/data/Batching.h"
 #include "dflex/runtime/models/TargetModel.h"
+#include "dflex/runtime/train/DrafterStep.h"
 
 #include <torch/types.h>
 
@@ -63,7 +64,7 @@ private:
   void work();
 
   const models::TargetModel &target_;
-  std::vector<int64_t> layers_;
+  ContextFeatureProducer features_; // the target's forward (targetFeatures)
   torch::Device drafterDevice_;
   size_t depth_;
   std::mutex mutex_;
