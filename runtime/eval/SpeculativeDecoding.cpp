@@ -1,12 +1,10 @@
 #include "dflex/runtime/eval/SpeculativeDecoding.h"
 
 #include "dflex/Support/Error.h"
-#include "dflex/Support/JsonObject.h"
 
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <fstream>
 
 namespace dflex::runtime::eval {
 
@@ -56,31 +54,6 @@ void checkPrompt(const std::vector<int64_t> &prompt, const models::TargetModel &
 }
 
 } // namespace
-
-std::vector<std::vector<int64_t>> readPrompts(const std::string &path, int64_t vocabSize) {
-  std::ifstream in(path);
-  if (!in)
-    throw IoError("cannot open '" + path + "'");
-  std::vector<std::vector<int64_t>> prompts;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos)
-      continue;
-    const std::string where = path + ":" + std::to_string(number);
-    const JsonValue value = parseJsonText(line, where);
-    std::vector<int64_t> prompt = JsonObject(value, where).integers("input_ids");
-    if (prompt.empty())
-      throw FormatError(where + ": input_ids is empty");
-    for (int64_t id : prompt)
-      if (id < 0 || id >= vocabSize)
-        throw FormatError(where + ": prompt token " + std::to_string(id) + " is outside the vocabulary [0, " +
-                          std::to_string(vocabSize) + ")");
-    prompts.push_back(std::move(prompt));
-  }
-  if (prompts.empty())
-    throw FormatError(path + ": no prompts");
-  return prompts;
-}
 
 double Generation::acceptanceLength() const {
   if (acceptedDrafts.empty())

@@ -95,7 +95,7 @@ const std::vector<TrainConfigKey> &trainConfigKeys() {
       {"log.interval", &T::logInterval, "updates between log lines", 1, kMaxInt, {}, true},
       {"log.eval_interval", &T::evalInterval,
        "updates between speculative-decoding evaluations on log.eval_prompts (0: none)", 0, kMaxInt, {}, true},
-      {"log.eval_prompts", &T::evalPrompts, "JSONL of held-out prompts ({\"input_ids\": [...]}) for the evaluations", {}, {}, {}, true},
+      {"log.eval_prompts", &T::evalPrompts, "JSONL of held-out prompts (token ids or chat records, as dflex-eval reads them) for the evaluations", {}, {}, {}, true},
       {"log.eval_max_new_tokens", &T::evalMaxNewTokens, "tokens generated per evaluation prompt", 1, 1e6, {}, true},
       {"devices", &T::devices,
        "cpu; cuda (target and drafter on the local rank's GPU); pair (the local rank r's target on GPU 2r, "

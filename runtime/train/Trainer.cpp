@@ -7,6 +7,7 @@
 #include "dflex/runtime/bundle/KernelBundle.h"
 #include "dflex/runtime/checkpoint/CheckpointStore.h"
 #include "dflex/runtime/checkpoint/SafeTensors.h"
+#include "dflex/runtime/data/ChatData.h"
 #include "dflex/runtime/distributed/DataParallel.h"
 #include "dflex/runtime/eval/SpeculativeDecoding.h"
 #include "dflex/runtime/models/KernelHooks.h"
@@ -459,7 +460,7 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
   // Held-out prompts of the periodic evaluation, checked before the first step.
   std::vector<std::vector<int64_t>> evalPrompts;
   if (c.evalInterval > 0)
-    evalPrompts = eval::readPrompts(c.evalPrompts, plan.target.vocabSize);
+    evalPrompts = readPrompts(c.evalPrompts, c.targetDir, plan.target.vocabSize);
 
   // Data first: bad samples are named before anything heavy loads.
   TrainingData data(c, plan.target.vocabSize, ranks.rank(), ranks.worldSize());
@@ -538,6 +539,8 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
     if (leader && options.afterCheckpoint)
       options.afterCheckpoint();
   };
+  if (options.checkpointInitial && !resumeFrom)
+    checkpoint();
   int64_t lastCheckpoint = state.step;
   IntervalMetrics interval;
   double secondsPerStep = 0;
@@ -595,6 +598,7 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
     if (evalNow && leader) {
       eval::GenerationOptions generation;
       generation.maxNewTokens = c.evalMaxNewTokens;
+      generation.stopTokens = target.config().eosTokenIds;
       std::vector<eval::Generation> generations;
       for (const std::vector<int64_t> &prompt : evalPrompts)
         generations.push_back(eval::speculativeDecode(target, *drafter, prompt, generation));

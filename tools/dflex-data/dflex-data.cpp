@@ -1,20 +1,19 @@
 // dflex-data: converts tokenized JSONL to the sharded binary format,
-// tokenizes chat JSONL with a target's tokenizer into it (through the Python
-// helper dflex-data-prepare-chat.py, installed next to this binary), and
-// checks or prints such datasets (docs/data.md).
+// tokenizes chat JSONL with a target's tokenizer into it, answers prompts
+// with the target to make such data (both through the Python chat helper,
+// dflex/runtime/data/ChatData.h), and checks or prints datasets
+// (docs/data.md).
 #include "dflex/Support/Error.h"
-#include "dflex/Support/JsonObject.h"
+#include "dflex/Support/Json.h"
 #include "dflex/runtime/checkpoint/ModelConfig.h"
+#include "dflex/runtime/data/ChatData.h"
 #include "dflex/runtime/data/TokenData.h"
 
-#include <sys/wait.h>
-
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -35,6 +34,16 @@ const char *kUsage =
     "      {\"conversations\": [{\"from\", \"value\"}]}) with the target's tokenizer\n"
     "      and chat template (Python transformers; DFLEX_PYTHON, default python3),\n"
     "      the loss mask on the assistant turns, and writes them as convert does.\n"
+    "  dflex-data regenerate --target DIR [--max-new-tokens N] [--batch-size B]\n"
+    "                        [--temperature T] [--top-p P] [--seed S] [--device D]\n"
+    "                        [--journal FILE] [--max-length N] [--shard-tokens N]\n"
+    "                        OUTPUT_DIR INPUT.jsonl...\n"
+    "      Answers each chat record's last user turn with the target (greedy at\n"
+    "      temperature 0, the default; batched, on the GPU when there is one) in\n"
+    "      place of the record's answer, and writes the conversations as prepare\n"
+    "      does, trained on the target's answers. The answers go to the journal\n"
+    "      (default OUTPUT_DIR.journal.jsonl) batch by batch: run the same command\n"
+    "      again after an interruption and it continues where it stopped.\n"
     "  dflex-data verify DIR\n"
     "      Reads every sample of a dataset, checking sizes and checksums.\n"
     "  dflex-data dump DIR\n"
@@ -91,115 +100,115 @@ int convert(int argc, char **argv) {
   return 0;
 }
 
-/// `text` as one word for /bin/sh.
-std::string shellQuote(const std::string &text) {
-  std::string quoted = "'";
-  for (char c : text)
-    quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
+/// The target's vocabulary size, from its config.json: the model's, which
+/// may be larger than the tokenizer's.
+int64_t targetVocabSize(const std::string &target) {
+  const std::string configFile = (std::filesystem::path(target) / "config.json").string();
+  try {
+    return loadTransformerConfig(configFile).vocabSize;
+  } catch (const std::exception &error) {
+    throw FormatError("cannot read the target's vocabulary size from " + configFile + ": " + error.what());
+  }
 }
 
-/// The helper script installed next to this binary.
-std::string helperScript() {
-  std::error_code error;
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (error)
-    throw IoError("cannot find this binary (/proc/self/exe): " + error.message());
-  std::filesystem::path script = self.parent_path() / "dflex-data-prepare-chat.py";
-  if (!std::filesystem::exists(script))
-    throw IoError("cannot find the chat helper " + script.string() +
-                  " (it is installed next to dflex-data by the build)");
-  return script.string();
+/// The options prepare and regenerate share; the rest are returned in order.
+struct ChatOptions {
+  std::string target;
+  uint64_t shardTokens = 16u << 20;
+  std::vector<std::string> tokenizeOptions; ///< passed to the helper's tokenize
+  std::vector<std::string> positional;      ///< OUTPUT_DIR INPUT.jsonl...
+};
+
+/// Parses argv into `options`; `other(arg, value)` takes a command's own
+/// options with a value (returning false for unknown ones).
+ChatOptions parseChatOptions(int argc, char **argv, const std::string &command,
+                             const std::function<bool(const std::string &, const char *)> &other) {
+  ChatOptions options;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const char *next = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (command == "prepare" && (arg == "--last-turn-only" || arg == "--each-turn")) {
+      options.tokenizeOptions.push_back(arg);
+    } else if (arg == "--target" && next) {
+      options.target = argv[++i];
+    } else if (arg == "--shard-tokens" && next) {
+      options.shardTokens = parseCount(arg, argv[++i]);
+    } else if (arg == "--max-length" && next) {
+      options.tokenizeOptions.push_back(arg);
+      options.tokenizeOptions.push_back(std::to_string(parseCount(arg, argv[++i])));
+    } else if (arg.rfind("--", 0) == 0) {
+      if (!next || !other(arg, next))
+        usage("unknown option or missing value: " + arg);
+      ++i;
+    } else {
+      options.positional.push_back(arg);
+    }
+  }
+  if (options.target.empty())
+    usage(command + " needs --target (the target model's directory)");
+  if (options.positional.size() < 2)
+    usage(command + " needs an output directory and at least one input file");
+  return options;
+}
+
+/// Tokenizes `inputs` into the output directory, reporting what was written.
+int writeDataset(const std::string &command, const ChatOptions &options, const std::vector<std::string> &inputs) {
+  const std::string &output = options.positional[0];
+  try {
+    const TokenDatasetInfo info = writeChatDataset(options.target, targetVocabSize(options.target),
+                                                   options.tokenizeOptions, inputs, output, options.shardTokens);
+    std::cout << "wrote " << info.numSamples << " samples, " << info.numTokens << " tokens in "
+              << info.shards.size() << " shard(s) to " << output << "\n";
+    return 0;
+  } catch (const ChatHelperError &error) {
+    std::cerr << "dflex-data: " << command << ": " << error.what() << "; nothing was written to " << output
+              << "\n";
+    return error.status();
+  }
 }
 
 int prepare(int argc, char **argv) {
-  std::string target;
-  uint64_t shardTokens = 16u << 20;
-  std::vector<std::string> helperOptions, positional;
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--target" && i + 1 < argc) {
-      target = argv[++i];
-    } else if (arg == "--shard-tokens" && i + 1 < argc) {
-      shardTokens = parseCount(arg, argv[++i]);
-    } else if (arg == "--max-length" && i + 1 < argc) {
-      helperOptions.push_back(arg);
-      helperOptions.push_back(std::to_string(parseCount(arg, argv[++i])));
-    } else if (arg == "--last-turn-only" || arg == "--each-turn") {
-      helperOptions.push_back(arg);
-    } else if (arg.rfind("--", 0) == 0) {
-      usage("unknown option or missing value: " + arg);
-    } else {
-      positional.push_back(arg);
+  const ChatOptions options =
+      parseChatOptions(argc, argv, "prepare", [](const std::string &, const char *) { return false; });
+  return writeDataset("prepare", options, {options.positional.begin() + 1, options.positional.end()});
+}
+
+int regenerate(int argc, char **argv) {
+  std::vector<std::string> generateOptions;
+  std::string journal;
+  ChatOptions options = parseChatOptions(argc, argv, "regenerate", [&](const std::string &arg, const char *value) {
+    static const char *const kGenerateOptions[] = {"--max-new-tokens", "--batch-size", "--temperature",
+                                                   "--top-p", "--seed", "--device"};
+    if (arg == "--journal") {
+      journal = value;
+      return true;
     }
-  }
-  if (target.empty())
-    usage("prepare needs --target (the target model's directory)");
-  if (positional.size() < 2)
-    usage("prepare needs an output directory and at least one input file");
-
-  // Ids are checked against the model's vocabulary (which may be larger than
-  // the tokenizer's).
-  std::string configFile = (std::filesystem::path(target) / "config.json").string();
-  int64_t vocabSize;
+    for (const char *name : kGenerateOptions)
+      if (arg == name) {
+        generateOptions.push_back(arg);
+        generateOptions.push_back(value);
+        return true;
+      }
+    return false;
+  });
+  const std::string &output = options.positional[0];
+  if (journal.empty())
+    journal = std::filesystem::path(output).lexically_normal().string() + ".journal.jsonl";
+  std::vector<std::string> args = {"regenerate", "--target", options.target, "--journal", journal};
+  args.insert(args.end(), generateOptions.begin(), generateOptions.end());
+  args.insert(args.end(), options.positional.begin() + 1, options.positional.end());
   try {
-    vocabSize = loadTransformerConfig(configFile).vocabSize;
-  } catch (const std::exception &error) {
-    throw FormatError("cannot read the target's vocabulary size from " + configFile +
-                      ": " + error.what());
+    runChatHelper(args, [](const JsonValue &, const std::string &where) {
+      throw IoError("the chat helper printed " + where + " while regenerating (it writes to its journal)");
+    });
+  } catch (const ChatHelperError &error) {
+    std::cerr << "dflex-data: regenerate: " << error.what() << "; the answers so far are kept in " << journal
+              << ", and the same command continues from them\n";
+    return error.status();
   }
-
-  const char *python = std::getenv("DFLEX_PYTHON");
-  std::string command = std::string(python && *python ? python : "python3") + " " +
-                        shellQuote(helperScript()) + " --target " + shellQuote(target);
-  for (const std::string &option : helperOptions)
-    command += " " + shellQuote(option);
-  for (size_t i = 1; i < positional.size(); ++i)
-    command += " " + shellQuote(positional[i]);
-
-  // The helper prints one tokenized sample per line, naming its record in
-  // "origin"; its errors and summary go straight to stderr.
-  TokenDatasetWriter writer(positional[0], vocabSize, shardTokens);
-  std::fflush(nullptr);
-  FILE *pipe = popen(command.c_str(), "r");
-  if (!pipe)
-    throw IoError("cannot run '" + command + "': " + std::strerror(errno));
-  TokenSample sample;
-  char *buffer = nullptr;
-  size_t capacity = 0;
-  uint64_t lineNumber = 0;
-  try {
-    ssize_t length;
-    while ((length = getline(&buffer, &capacity, pipe)) > 0) {
-      ++lineNumber;
-      std::string where = "chat helper output line " + std::to_string(lineNumber);
-      JsonValue line = parseJsonText(std::string_view(buffer, size_t(length)), where);
-      std::string origin = JsonObject(line, where).string("origin");
-      sampleFromJson(line, vocabSize, origin, sample);
-      writer.add(sample, origin);
-    }
-  } catch (...) {
-    // Closing the pipe stops the helper at its next write.
-    std::free(buffer);
-    pclose(pipe);
-    writer.abandon();
-    throw;
-  }
-  std::free(buffer);
-  int status = pclose(pipe);
-  if (status != 0) {
-    writer.abandon();
-    int code = status == -1 ? 1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    std::cerr << "dflex-data: prepare: the chat helper failed (" << command
-              << " exited with status " << code << "); nothing was written to "
-              << positional[0] << "\n";
-    return code;
-  }
-  TokenDatasetInfo info = writer.finish();
-  std::cout << "wrote " << info.numSamples << " samples, " << info.numTokens
-            << " tokens in " << info.shards.size() << " shard(s) to "
-            << positional[0] << "\n";
-  return 0;
+  // Only the target's answer, the conversation's last turn, is trained on.
+  options.tokenizeOptions.push_back("--last-turn-only");
+  return writeDataset("regenerate", options, {journal});
 }
 
 int verify(const std::string &directory) {
@@ -245,6 +254,8 @@ int main(int argc, char **argv) {
       return convert(argc - 2, argv + 2);
     if (command == "prepare")
       return prepare(argc - 2, argv + 2);
+    if (command == "regenerate")
+      return regenerate(argc - 2, argv + 2);
     if (command == "verify" && argc == 3)
       return verify(argv[2]);
     if (command == "dump" && argc == 3)

@@ -1,8 +1,10 @@
 // dflex-eval: the acceptance length of a DFlash drafter under greedy
-// speculative decoding with its target, on prompts of token ids; checks that
-// the output is the target's own greedy decoding and times both.
+// speculative decoding with its target, on prompts of token ids or chat
+// records; checks that the output is the target's own greedy decoding and
+// times both.
 #include "dflex/Support/Error.h"
 #include "dflex/Support/Json.h"
+#include "dflex/runtime/data/ChatData.h"
 #include "dflex/runtime/eval/SpeculativeDecoding.h"
 #include "dflex/runtime/support/FileIo.h"
 
@@ -33,9 +35,12 @@ int main(int argc, char **argv) {
   app.add_option("--target", targetDir, "the target's Hugging Face model directory")->required();
   app.add_option("--drafter", drafterDir, "a drafter checkpoint directory (dflex-train's or a public DFlash one)")
       ->required();
-  app.add_option("--prompts", promptsPath, "JSONL of prompts: {\"input_ids\": [...]} per line")->required();
+  app.add_option("--prompts", promptsPath,
+                 "JSONL of prompts: {\"input_ids\": [...]}, or chat records ({\"messages\"} or "
+                 "{\"conversations\"}, answered after their last user turn, through the target's chat template)")
+      ->required();
   app.add_option("--max-new-tokens", maxNewTokens, "tokens generated per prompt at most");
-  app.add_option("--stop", stopTokens, "token ids that end a response (kept)");
+  const CLI::Option *stopOption = app.add_option("--stop", stopTokens, "token ids that end a response (kept; default: the target's eos_token_id)");
   app.add_option("--device", deviceName, "cpu, cuda or cuda:N");
   app.add_option("--dtype", dtypeName, "bfloat16, float32 or float64")
       ->check(CLI::IsMember({"bfloat16", "float32", "float64"}));
@@ -53,10 +58,10 @@ int main(int argc, char **argv) {
     const models::TargetModel target = models::TargetModel::load(targetDir, options);
     const auto drafter = models::DFlashDrafterImpl::load(drafterDir, dtype, device);
     drafter->setTargetWeights(target.embedTokens(), target.lmHead());
-    const std::vector<std::vector<int64_t>> prompts = eval::readPrompts(promptsPath, target.config().vocabSize);
+    const std::vector<std::vector<int64_t>> prompts = readPrompts(promptsPath, targetDir, target.config().vocabSize);
     eval::GenerationOptions generation;
     generation.maxNewTokens = maxNewTokens;
-    generation.stopTokens = stopTokens;
+    generation.stopTokens = stopOption->count() ? stopTokens : target.config().eosTokenIds;
 
     using Clock = std::chrono::steady_clock;
     std::vector<eval::Generation> generations;
@@ -110,6 +115,9 @@ int main(int argc, char **argv) {
   } catch (const dflex::FormatError &error) {
     std::cerr << "dflex-eval: " << error.what() << "\n";
     return 2;
+  } catch (const ChatHelperError &error) { // it named the problem already
+    std::cerr << "dflex-eval: " << error.what() << "\n";
+    return error.status();
   } catch (const std::exception &error) {
     std::cerr << "dflex-eval: " << error.what() << "\n";
     return 1;

@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
   CLI::App app{"dflex-train: trains a DFlash drafter (docs/train.md)"};
   std::string configPath, resume;
   std::vector<std::string> overrides;
-  bool checkOnly = false, plain = false, noReport = false;
+  bool checkOnly = false, plain = false, noReport = false, checkpointInitial = false;
   app.add_option("--config", configPath, "YAML config file (every key has a default)");
   app.add_option("--set", overrides, "key=value override with a dotted key, e.g. optimizer.lr=1e-4")
       ->take_all();
@@ -75,6 +75,8 @@ int main(int argc, char **argv) {
                "check config, data, target, kernel bundles; print the memory plan; do not train");
   app.add_flag("--plain", plain, "periodic lines instead of a progress bar on a terminal");
   app.add_flag("--no-report", noReport, "do not render plots and TensorBoard scalars (dflex-report)");
+  app.add_flag("--checkpoint-initial", checkpointInitial,
+               "also checkpoint the untrained drafter as step 0 (a baseline for dflex-eval)");
   app.footer("Configuration keys (YAML sections before the dot; --set takes the dotted name):\n" +
              describeTrainConfigKeys());
   CLI11_PARSE(app, argc, argv);
@@ -95,6 +97,7 @@ int main(int argc, char **argv) {
   options.out = &std::cout;
   options.progressBar = !plain && isatty(STDOUT_FILENO);
   options.stop = &stopRequested;
+  options.checkpointInitial = checkpointInitial;
   const std::string logDir = plan.config.logDir.empty() ? plan.config.checkpointDir : plan.config.logDir;
   if (!noReport)
     options.afterCheckpoint = [&] { runReport(logDir); };

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 tool = os.path.abspath(sys.argv[1])
-helper = os.path.join(os.path.dirname(os.path.abspath(tool)), "dflex-data-prepare-chat.py")
+helper = os.path.join(os.path.dirname(os.path.abspath(tool)), "dflex-chat-helper.py")
 work = tempfile.mkdtemp(prefix="dflex-data-prepare-test-")
 
 CHATML = ("{%- for message in messages %}"
@@ -197,9 +197,9 @@ check(result.returncode == 2 and "tool-role.jsonl:2" in result.stderr and '"tool
 check(not os.path.exists(os.path.join(work, "tool-out")), "a failed run left its output directory")
 
 # The other malformed records, through the helper's own checks (no tokenizer needed).
-spec = importlib.util.spec_from_file_location("prepare_chat", helper)
-prepare_chat = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(prepare_chat)
+spec = importlib.util.spec_from_file_location("chat_helper", helper)
+chat_helper = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(chat_helper)
 for record, problem in [
     ([1, 2], "expected a JSON object"),
     ({"text": "hello"}, 'no "messages" or "conversations"'),
@@ -211,9 +211,9 @@ for record, problem in [
     ({"messages": [{"role": "user"}]}, 'no "content"'),
 ]:
     try:
-        prepare_chat.messages_of(record)
+        chat_helper.messages_of(record)
         check(False, f"{record} was accepted")
-    except prepare_chat.RecordError as error:
+    except chat_helper.RecordError as error:
         check(problem in str(error), f"{record}: {error}, expected {problem!r}")
 
 # Ids outside the config's vocabulary: the record is named, nothing is written.

@@ -32,10 +32,6 @@ struct Generation {
   double acceptanceLength() const;
 };
 
-/// Prompts of a JSONL file, {"input_ids": [...]} per line, each id checked
-/// against `vocabSize`. Throws IoError, or FormatError naming file:line.
-std::vector<std::vector<int64_t>> readPrompts(const std::string &path, int64_t vocabSize);
-
 /// The target alone, greedy: the reference speculative decoding must equal.
 std::vector<int64_t> greedyDecode(const models::TargetModel &target, const std::vector<int64_t> &prompt,
                                   const GenerationOptions &options);

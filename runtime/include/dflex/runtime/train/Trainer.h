@@ -37,6 +37,9 @@ struct TrainerOptions {
   const std::atomic<bool> *stop = nullptr;
   /// Called after each checkpoint (e.g. to render the run report).
   std::function<void()> afterCheckpoint;
+  /// Also checkpoint the initialised drafter, as step 0, before the first
+  /// update of a new run: the untrained baseline of an evaluation.
+  bool checkpointInitial = false;
 };
 
 struct TrainResult {
