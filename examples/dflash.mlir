@@ -40,3 +40,7 @@ dflex.mask @dflash(%b: index, %h: index, %q_idx: index, %kv_idx: index)
 
 // A drafter layer: 32 query heads, 8 key/value heads, head_dim 128, bf16.
 dflex.attention @drafter_attention mask @dflash heads(32, 8) head_dim(128, 128) : bf16
+
+// The drafter of the embedded default (examples/default, scripts/run.sh on a
+// GPU): 3 query heads and 1 key/value head of 64, as its small target has.
+dflex.attention @default_drafter_attention mask @dflash heads(3, 1) head_dim(64, 64) : bf16

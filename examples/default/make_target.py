@@ -29,8 +29,8 @@ CHAT_TEMPLATE = (
 END_OF_TEXT, TURN_START, TURN_END, MASK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"
 VOCAB_SIZE = 1024
 # Enough layers for the drafter to read several of them (target_layer_ids in train.yaml).
-MODEL = dict(hidden_size=256, intermediate_size=640, num_hidden_layers=5, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=64, max_position_embeddings=512)
+MODEL = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=3,
+             num_key_value_heads=1, head_dim=64, max_position_embeddings=512)
 
 
 def render(conversation):

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """dflex-train as users run it, on a tiny Qwen3 target: --help lists every key, bad configs exit 2
 naming the key and where it was written, --dry-run prints the memory plan and trains nothing,
+--checkpoint-initial writes the untrained drafter as step 0 before training,
 SIGTERM checkpoints and exits 0 and the run resumes from it, and SIGKILL at any moment (checkpoints
 written every step) leaves `latest` naming a complete, loadable checkpoint.
 
@@ -58,18 +59,21 @@ check("memory on cpu" in result.stdout and "rows per epoch" in result.stdout, re
 check(not os.path.exists(os.path.join(run_dir, "latest")), "the dry run trained")
 
 
-def latest_step(directory):
-    """The step of the checkpoint `latest` names, after loading every file of it."""
-    name = open(os.path.join(directory, "latest")).read().strip()
-    checkpoint = os.path.join(directory, name)
+def checkpoint_step(checkpoint):
+    """The step of a checkpoint directory, after loading every file of it."""
     state = json.load(open(os.path.join(checkpoint, "trainer_state.json")))
-    check(name == "step-%08d" % state["step"], f"{name} holds step {state['step']}")
+    check(os.path.basename(checkpoint) == "step-%08d" % state["step"], f"{checkpoint} holds step {state['step']}")
     json.load(open(os.path.join(checkpoint, "config.json")))
     for file in ("model.safetensors", "training_state.safetensors"):
         with safe_open(os.path.join(checkpoint, file), "pt") as tensors:
             for key in tensors.keys():
                 tensors.get_tensor(key)
     return state["step"]
+
+
+def latest_step(directory):
+    """The step of the checkpoint `latest` names."""
+    return checkpoint_step(os.path.join(directory, open(os.path.join(directory, "latest")).read().strip()))
 
 
 def wait_for_lines(path, count, process, timeout=120):
@@ -81,6 +85,19 @@ def wait_for_lines(path, count, process, timeout=120):
         time.sleep(0.05)
     sys.exit("train_cli_test: no progress")
 
+
+# --checkpoint-initial: the untrained drafter as step 0, a complete checkpoint, then the run.
+initial_dir = os.path.join(work, "initial")
+result = run("--config", config, "--set", f"checkpoint.dir={initial_dir}", "train.max_steps=2", "--no-report",
+             "--checkpoint-initial")
+check(result.returncode == 0, "--checkpoint-initial failed: " + result.stderr)
+check(latest_step(initial_dir) == 2, "the run after the initial checkpoint did not finish")
+initial = os.path.join(initial_dir, "step-00000000")
+check(checkpoint_step(initial) == 0, "the initial checkpoint is not step 0")
+with safe_open(os.path.join(initial, "model.safetensors"), "pt") as before, \
+        safe_open(os.path.join(initial_dir, "step-00000002", "model.safetensors"), "pt") as after:
+    check(any(not before.get_tensor(k).equal(after.get_tensor(k)) for k in before.keys()),
+          "the initial checkpoint holds the trained weights")
 
 # SIGTERM: the step finishes, a checkpoint is written, exit 0; the run resumes from it.
 args = ["--config", config, "--set", f"checkpoint.dir={run_dir}", "train.max_steps=100000",
