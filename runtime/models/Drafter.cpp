@@ -5,8 +5,8 @@
 #include "dflex/runtime/checkpoint/SafeTensors.h"
 #include "dflex/runtime/models/GatedDeltaRule.h"
 
-#include <filesystem>
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
@@ -302,8 +302,15 @@ void DrafterGatedDeltaImpl::initialise(at::Generator &generator) {
 Tensor DrafterGatedDeltaImpl::forward(const Tensor &context, const Tensor &h,
                                       const DFlashBlocks &blocks) const {
   const GatedDeltaConfig &g = config_;
-  const int64_t batch = context.size(0), contextLength = context.size(1);
   const int64_t count = blocks.anchors.size(1), blockSize = blocks.blockSize;
+  if (context.dim() != 3 || h.dim() != 3 || h.size(0) != context.size(0) ||
+      h.size(1) != count * blockSize || h.size(2) != context.size(2) ||
+      context.size(1) != blocks.contextLength)
+    throw FormatError("drafter gated delta: expected context [B, T = " +
+                      std::to_string(blocks.contextLength) + ", H] and h [B, N*K = " +
+                      std::to_string(count * blockSize) + ", H], got context " + shapeOf(context) +
+                      ", h " + shapeOf(h));
+  const int64_t batch = context.size(0), contextLength = context.size(1);
   const int64_t rows = batch * count; // every block of the batch, padding included
   const torch::Device device = context.device();
   const Tensor contextMixed = at::linear(context, weights.inProjQkv); // [B, T, C]

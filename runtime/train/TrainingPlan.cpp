@@ -239,8 +239,9 @@ std::vector<DeviceMemoryPlan> memoryPlan(const TrainingPlan &p) {
   if (d.gatedDelta) {
     // Per gated-delta layer: the projections, convolution and gated norm of
     // the context and the blocks; the chunked rule's per-token tensors and
-    // 64 x 64 decays (float32); a state per chunk of the context; and a
-    // state per block, at its anchor and gathered for the blocks' run.
+    // 64 x 64 decays (float32); a state per chunk of the context; and per
+    // block its state at the anchor, the copy gathered for the blocks' run
+    // and the chunk's weighted keys [Dk, 64] per value head behind it.
     const GatedDeltaConfig &g = *d.gatedDelta;
     const uint64_t Hv = uint64_t(g.numValueHeads), Dk = uint64_t(g.keyHeadDim), Dv = uint64_t(g.valueHeadDim);
     const uint64_t C = 2 * uint64_t(g.numKeyHeads) * Dk + Hv * Dv, chunk = 64;
@@ -249,7 +250,7 @@ std::vector<DeviceMemoryPlan> memoryPlan(const TrainingPlan &p) {
                            (T + Q) * Hv * (4 * Dk + 3 * Dv + 3 * chunk) * 4 + (T / chunk + 1) * Hv * Dk * Dv * 4;
     activations += layer * layers;
     drafter.parts.push_back({"gated-delta states at the anchors (float32)",
-                             layers * 2 * uint64_t(c.maxAnchors) * Hv * Dk * Dv * 4});
+                             layers * uint64_t(c.maxAnchors) * Hv * Dk * (2 * Dv + chunk) * 4});
   }
   drafter.parts.push_back({"drafter activations kept for backward", activations});
   if (!p.drafterDevice.is_cuda())

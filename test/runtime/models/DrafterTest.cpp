@@ -412,6 +412,8 @@ TEST(DrafterGatedDelta, MatchesAPerTokenRecurrenceOverEachBlocksContext) {
   const torch::Tensor atStart =
       layer->forward(p.context[0].narrow(0, 9, 1).unsqueeze(0), p.h[0].narrow(0, 4 * kBlockSize, kBlockSize).unsqueeze(0), alone);
   EXPECT_LE(relativeError(atStart[0], out[0].narrow(0, 4 * kBlockSize, kBlockSize)), 1e-14);
+  expectError<FormatError>([&] { layer->forward(p.context, p.h.narrow(1, 0, 8), p.blocks); },
+                           {"h [B, N*K = 44, H]", "got context [2, 83, 48], h [2, 8, 48]"});
   std::cout << "[ parity   ] gated-delta drafter layer against the per-token recurrence (float64): "
             << error << "\n";
 }
