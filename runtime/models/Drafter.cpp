@@ -3,9 +3,12 @@
 #include "dflex/runtime/attention/AttentionOp.h"
 #include "dflex/Support/Error.h"
 #include "dflex/runtime/checkpoint/SafeTensors.h"
+#include "dflex/runtime/models/GatedDeltaRule.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <set>
 
 namespace dflex::runtime::models {
@@ -36,14 +39,21 @@ void checkDrafterConfig(const DrafterConfig &config) {
   if (c.attentionOutputGate)
     throw FormatError(where + ": an attention output gate is not supported in drafter layers");
   for (size_t i = 0; i < c.layerKinds.size(); ++i) {
-    if (c.layerKinds[i] == LayerKind::LinearAttention)
+    if (c.layerKinds[i] == LayerKind::LinearAttention && !c.gatedDelta)
       throw FormatError(where + ": layer " + std::to_string(i) +
-                        " is a linear-attention (gated delta) layer; drafter layers are "
-                        "full_attention or sliding_attention");
+                        " is a linear_attention layer but linear_num_key_heads, "
+                        "linear_num_value_heads, linear_key_head_dim, linear_value_head_dim "
+                        "and linear_conv_kernel_dim are not set");
     if (c.layerKinds[i] == LayerKind::SlidingAttention && !c.slidingWindow)
       throw FormatError(where + ": layer " + std::to_string(i) +
                         " is a sliding_attention layer but sliding_window is not set");
   }
+  if (c.gatedDelta && (c.gatedDelta->numKeyHeads <= 0 ||
+                       c.gatedDelta->numValueHeads % c.gatedDelta->numKeyHeads != 0))
+    throw FormatError(where + ": linear_num_value_heads " +
+                      std::to_string(c.gatedDelta->numValueHeads) +
+                      " is not a multiple of linear_num_key_heads " +
+                      std::to_string(c.gatedDelta->numKeyHeads));
   if (config.dflash.targetLayerIds.empty())
     throw FormatError(where + ": dflash_config.target_layer_ids is empty");
   if (config.dflash.blockSize <= 0)
@@ -52,6 +62,21 @@ void checkDrafterConfig(const DrafterConfig &config) {
 
 torch::nn::Linear makeLinear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+/// Registers `value` at the dotted `path` below `module` ("conv1d.weight":
+/// parameter weight of a plain submodule conv1d, made when missing), so that
+/// named_parameters() are the checkpoint's names.
+torch::Tensor registerAt(torch::nn::Module &module, const std::string &path, torch::Tensor value) {
+  const size_t dot = path.find('.');
+  if (dot == std::string::npos)
+    return module.register_parameter(path, std::move(value));
+  const std::string child = path.substr(0, dot);
+  const auto children = module.named_children();
+  const std::shared_ptr<torch::nn::Module> *existing = children.find(child);
+  std::shared_ptr<torch::nn::Module> submodule =
+      existing ? *existing : module.register_module(child, std::make_shared<torch::nn::Module>());
+  return registerAt(*submodule, path.substr(dot + 1), std::move(value));
 }
 
 } // namespace
@@ -257,9 +282,110 @@ Tensor SwiGluMlpImpl::forward(const Tensor &x) const {
   return swiGlu(x, gate_proj->weight, up_proj->weight, down_proj->weight);
 }
 
-DrafterLayerImpl::DrafterLayerImpl(const TransformerConfig &c) {
+DrafterGatedDeltaImpl::DrafterGatedDeltaImpl(const TransformerConfig &c)
+    : config_(c.gatedDelta.value()), eps_(c.rmsNormEps) {
+  for (const GatedDeltaTensor &t : gatedDeltaTensors(config_, c.hiddenSize))
+    weights.*t.member = registerAt(*this, t.name, torch::empty(t.shape));
+}
+
+void DrafterGatedDeltaImpl::initialise(at::Generator &generator) {
+  torch::NoGradGuard noGrad;
+  for (Tensor GatedDeltaWeights::*linear :
+       {&GatedDeltaWeights::inProjQkv, &GatedDeltaWeights::inProjZ, &GatedDeltaWeights::inProjB,
+        &GatedDeltaWeights::inProjA, &GatedDeltaWeights::conv, &GatedDeltaWeights::outProj})
+    (weights.*linear).normal_(0.0, 0.02, generator);
+  weights.aLog.uniform_(0.0, 16.0, generator).log_();
+  weights.dtBias.fill_(1.0);
+  weights.norm.fill_(1.0);
+}
+
+Tensor DrafterGatedDeltaImpl::forward(const Tensor &context, const Tensor &h,
+                                      const DFlashBlocks &blocks) const {
+  const GatedDeltaConfig &g = config_;
+  const int64_t count = blocks.anchors.size(1), blockSize = blocks.blockSize;
+  if (context.dim() != 3 || h.dim() != 3 || h.size(0) != context.size(0) ||
+      h.size(1) != count * blockSize || h.size(2) != context.size(2) ||
+      context.size(1) != blocks.contextLength)
+    throw FormatError("drafter gated delta: expected context [B, T = " +
+                      std::to_string(blocks.contextLength) + ", H] and h [B, N*K = " +
+                      std::to_string(count * blockSize) + ", H], got context " + shapeOf(context) +
+                      ", h " + shapeOf(h));
+  const int64_t batch = context.size(0), contextLength = context.size(1);
+  const int64_t rows = batch * count; // every block of the batch, padding included
+  const torch::Device device = context.device();
+  const Tensor contextMixed = at::linear(context, weights.inProjQkv); // [B, T, C]
+
+  // The context runs, one per (row, context start) of the valid blocks
+  // that see context: [start, the last anchor), with the states after
+  // each anchor - start tokens. Other blocks start from a zero state.
+  const Tensor anchors = blocks.anchors.to(torch::kCPU, torch::kLong).contiguous();
+  const Tensor starts = blocks.contextStart.to(torch::kCPU, torch::kLong).contiguous();
+  const Tensor valid = blocks.blockValid.to(torch::kCPU, torch::kBool).contiguous();
+  const int64_t *anchor = anchors.data_ptr<int64_t>(), *start = starts.data_ptr<int64_t>();
+  const bool *isValid = valid.data_ptr<bool>();
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> runs; // -> blocks (b N + i)
+  for (int64_t block = 0; block < rows; ++block)
+    if (isValid[block] && anchor[block] > start[block])
+      runs[{block / count, start[block]}].push_back(block);
+  std::vector<Tensor> states{torch::zeros({1, g.numValueHeads, g.keyHeadDim, g.valueHeadDim},
+                                          context.options().dtype(computeType(context)))};
+  std::vector<int64_t> stateOf(size_t(rows), 0);
+  int64_t next = 1;
+  for (const auto &[run, members] : runs) {
+    const int64_t row = run.first, runStart = run.second;
+    std::vector<int64_t> after;
+    for (int64_t block : members)
+      after.push_back(anchor[block] - runStart);
+    const int64_t length = *std::max_element(after.begin(), after.end());
+    auto piece = [&](const Tensor &x) { return x.narrow(0, row, 1).narrow(1, runStart, length); };
+    const Tensor convolved = causalDepthwiseConv(piece(contextMixed), weights.conv,
+                                                 TokenLayout::rows(1, length, device));
+    const GatedDeltaRuleInputs in = gatedDeltaRuleInputs(g, weights, convolved, piece(context));
+    // Only the states are read: the keys stand in for the queries.
+    states.push_back(
+        gatedDeltaRuleWithState(in.k, in.k, in.v, in.g, in.beta, Tensor(), {}, after).states[0]);
+    for (int64_t block : members)
+      stateOf[size_t(block)] = next++;
+  }
+  const Tensor initial =
+      torch::cat(states).index_select(0, torch::tensor(stateOf, torch::kLong).to(device));
+
+  // The blocks' convolution reads the Kc - 1 context inputs before the
+  // anchor (zeros before the context start), then the block's.
+  const int64_t history = g.convKernelDim - 1;
+  const auto longs = torch::TensorOptions(torch::kLong).device(device);
+  const Tensor positions =
+      blocks.anchors.to(longs).unsqueeze(-1) + torch::arange(-history, 0, longs); // [B, N, Kc-1]
+  const Tensor seen = positions >= blocks.contextStart.to(longs).unsqueeze(-1);
+  // Rows padded in front by Kc - 1 zeros: position p of row b is padded row
+  // b (T + Kc - 1) + p + Kc - 1.
+  const int64_t width = contextMixed.size(2);
+  const Tensor padded =
+      torch::constant_pad_nd(contextMixed, {0, 0, history, 0}).reshape({-1, width});
+  const Tensor flat = positions + history +
+                      torch::arange(batch, longs).view({batch, 1, 1}) * (contextLength + history);
+  const Tensor before = padded.index_select(0, flat.view({-1})).view({rows, history, width}) *
+                        seen.view({rows, history, 1}).to(padded.scalar_type());
+  const Tensor x = h.reshape({rows, blockSize, h.size(2)});
+  const Tensor window = torch::cat({before, at::linear(x, weights.inProjQkv)}, 1);
+  const Tensor convolved = causalDepthwiseConv(window, weights.conv,
+                                               TokenLayout::rows(rows, history + blockSize, device))
+                              .narrow(1, history, blockSize);
+  const GatedDeltaRuleInputs in = gatedDeltaRuleInputs(g, weights, convolved, x);
+  const Tensor core = gatedDeltaRuleWithState(in.q, in.k, in.v, in.g, in.beta, initial,
+                                              shortCallOptions(blockSize))
+                          .output;
+  const Tensor blockValid = blocks.blockValid.to(device, x.scalar_type()).view({rows, 1, 1});
+  return (gatedDeltaOutput(g, weights, core, x, eps_) * blockValid)
+      .view({batch, count * blockSize, -1});
+}
+
+DrafterLayerImpl::DrafterLayerImpl(const TransformerConfig &c, LayerKind kind) {
   input_layernorm = register_module("input_layernorm", RmsNorm(c.hiddenSize, c.rmsNormEps));
-  self_attn = register_module("self_attn", DrafterSelfAttention(c));
+  if (kind == LayerKind::LinearAttention)
+    linear_attn = register_module("linear_attn", DrafterGatedDelta(c));
+  else
+    self_attn = register_module("self_attn", DrafterSelfAttention(c));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RmsNorm(c.hiddenSize, c.rmsNormEps));
   mlp = register_module("mlp", SwiGluMlp(c));
@@ -277,7 +403,7 @@ DFlashDrafterImpl::DFlashDrafterImpl(const DrafterConfig &config, int64_t target
   hidden_norm = register_module("hidden_norm", RmsNorm(c.hiddenSize, c.rmsNormEps));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.numHiddenLayers; ++i) {
-    auto layer = std::make_shared<DrafterLayerImpl>(c);
+    auto layer = std::make_shared<DrafterLayerImpl>(c, c.layerKinds.at(i));
     layers->push_back(layer);
     layerList_.push_back(layer);
   }
@@ -286,12 +412,15 @@ DFlashDrafterImpl::DFlashDrafterImpl(const DrafterConfig &config, int64_t target
   // Qwen3's initialisation: linear weights normal(0, 0.02), biases 0, norms 1.
   torch::NoGradGuard noGrad;
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-  for (auto &module : modules(/*include_self=*/false))
+  for (auto &module : modules(/*include_self=*/false)) {
     if (auto *linearModule = module->as<torch::nn::Linear>()) {
       linearModule->weight.normal_(0.0, 0.02, generator);
       if (linearModule->bias.defined())
         linearModule->bias.zero_();
+    } else if (auto *gatedDelta = module->as<DrafterGatedDeltaImpl>()) {
+      gatedDelta->initialise(generator);
     }
+  }
 }
 
 std::shared_ptr<DFlashDrafterImpl> DFlashDrafterImpl::load(const std::string &directory,
@@ -402,17 +531,22 @@ Tensor DFlashDrafterImpl::forward(const DrafterInputs &in) {
   const double scale = 1.0 / std::sqrt(double(headDim));
   for (size_t i = 0; i < layerList_.size(); ++i) {
     DrafterLayerImpl &layer = *layerList_[i];
-    DrafterSelfAttentionImpl &attn = *layer.self_attn;
     const Tensor h = layer.input_layernorm(x);
-    const Tensor keyInput = torch::cat({context, h}, 1);
-    Tensor q = attn.q_norm(attn.q_proj(h).view({batch, queries, -1, headDim}));
-    Tensor k = attn.k_norm(attn.k_proj(keyInput).view({batch, contextLength + queries, -1, headDim}));
-    const Tensor v = attn.v_proj(keyInput).view({batch, contextLength + queries, -1, headDim});
-    q = applyRotary(q, queryRope.first, queryRope.second);
-    k = applyRotary(k, keyRope.first, keyRope.second);
-    const Tensor attended =
-        attention_->attend(q, k, v, in.blocks, c.layerKinds.at(i), c.slidingWindow, scale);
-    x = x + attn.o_proj(attended.reshape({batch, queries, -1}));
+    if (layer.linear_attn) {
+      x = x + layer.linear_attn(context, h, in.blocks);
+    } else {
+      DrafterSelfAttentionImpl &attn = *layer.self_attn;
+      const Tensor keyInput = torch::cat({context, h}, 1);
+      Tensor q = attn.q_norm(attn.q_proj(h).view({batch, queries, -1, headDim}));
+      Tensor k =
+          attn.k_norm(attn.k_proj(keyInput).view({batch, contextLength + queries, -1, headDim}));
+      const Tensor v = attn.v_proj(keyInput).view({batch, contextLength + queries, -1, headDim});
+      q = applyRotary(q, queryRope.first, queryRope.second);
+      k = applyRotary(k, keyRope.first, keyRope.second);
+      const Tensor attended =
+          attention_->attend(q, k, v, in.blocks, c.layerKinds.at(i), c.slidingWindow, scale);
+      x = x + attn.o_proj(attended.reshape({batch, queries, -1}));
+    }
     x = x + layer.mlp(layer.post_attention_layernorm(x));
   }
   return norm(x).view({batch, blocks, tokens.size(2), c.hiddenSize});

@@ -21,6 +21,12 @@ std::string shapeOf(const Tensor &t) { return c10::str(t.sizes()); }
 
 } // namespace
 
+GatedDeltaOptions shortCallOptions(int64_t tokens) {
+  GatedDeltaOptions options;
+  options.chunkSize = std::min(options.chunkSize, tokens);
+  return options;
+}
+
 Tensor gatedDeltaRule(const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &g,
                       const Tensor &beta, const GatedDeltaOptions &options) {
   return gatedDeltaRuleWithState(q, k, v, g, beta, Tensor(), options).output;
@@ -29,7 +35,8 @@ Tensor gatedDeltaRule(const Tensor &q, const Tensor &k, const Tensor &v, const T
 GatedDeltaResult gatedDeltaRuleWithState(const Tensor &q, const Tensor &k, const Tensor &v,
                                          const Tensor &g, const Tensor &beta,
                                          const Tensor &initialState,
-                                         const GatedDeltaOptions &options) {
+                                         const GatedDeltaOptions &options,
+                                         const std::vector<int64_t> &statesAfter) {
   if (q.dim() != 4 || k.sizes() != q.sizes() || v.dim() != 4 || v.size(0) != q.size(0) ||
       v.size(1) != q.size(1) || q.size(2) == 0 || v.size(2) % q.size(2) != 0 ||
       g.sizes() != v.sizes().slice(0, 3) || beta.sizes() != g.sizes())
@@ -103,17 +110,49 @@ GatedDeltaResult gatedDeltaRuleWithState(const Tensor &q, const Tensor &k, const
   Tensor state = initialState.defined()
                      ? initialState.to(query.device(), wide)
                      : torch::zeros({batch, heads, keyDim, valueDim}, query.options());
+  // The states asked for, by chunk: (the token's index in its chunk, p).
+  std::vector<Tensor> kept(statesAfter.size());
+  std::vector<std::vector<std::pair<int64_t, size_t>>> wanted(chunks);
+  for (size_t p = 0; p < statesAfter.size(); ++p) {
+    const int64_t tokens = statesAfter[p];
+    if (tokens < 0 || tokens > length)
+      throw FormatError("gated delta rule: a state after " + std::to_string(tokens) +
+                        " tokens was asked for, the call has " + std::to_string(length));
+    if (tokens == 0)
+      kept[p] = state;
+    else
+      wanted[(tokens - 1) / chunk].push_back({(tokens - 1) % chunk, p});
+  }
   std::vector<Tensor> outputs;
   outputs.reserve(chunks);
   for (int64_t c = 0; c < chunks; ++c) {
     const Tensor u = newValues.select(2, c) - torch::matmul(stateReads.select(2, c), state);
     outputs.push_back(torch::matmul(decayedQuery.select(2, c), state) +
                       torch::matmul(intra.select(2, c), u));
+    if (!wanted[c].empty()) {
+      // After token i of the chunk: exp(gamma_i) S_0 + sum_{j <= i}
+      // exp(gamma_i - gamma_j) k_j u_j^T, decay's row i.
+      std::vector<int64_t> rows;
+      for (const auto &entry : wanted[c])
+        rows.push_back(entry.first);
+      const Tensor index = torch::tensor(rows, torch::kLong).to(q.device());
+      const Tensor weights = decay.select(2, c).index_select(2, index); // [B, Hv, p, C]
+      const Tensor weightedKeysT =
+          keyT.select(2, c).unsqueeze(2) * weights.unsqueeze(-2); // [B, Hv, p, Dk, C]
+      const Tensor growth = gamma.select(2, c).index_select(2, index).exp(); // [B, Hv, p]
+      const Tensor states = state.unsqueeze(2) * growth.unsqueeze(-1).unsqueeze(-1) +
+                            torch::matmul(weightedKeysT, u.unsqueeze(2));
+      for (size_t i = 0; i < rows.size(); ++i)
+        kept[wanted[c][i].second] = states.select(2, int64_t(i));
+    }
     state = state * chunkDecay.select(2, c) + torch::matmul(decayedKeyT.select(2, c), u);
   }
   // The padding (beta = 0, g = 0) leaves the state as the last token left it.
-  return {torch::cat(outputs, 2).narrow(2, 0, length).transpose(1, 2).to(q.scalar_type()),
-          state};
+  GatedDeltaResult result{
+      torch::cat(outputs, 2).narrow(2, 0, length).transpose(1, 2).to(q.scalar_type()), state, {}};
+  if (!kept.empty())
+    result.states = torch::stack(kept, 1);
+  return result;
 }
 
 Tensor gatedDeltaRule(const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &g,

@@ -54,15 +54,6 @@ void checkSupported(const TransformerConfig &c, const std::string &where) {
                               "linear_num_key_heads");
 }
 
-/// The gated delta rule's options for a cached call of `tokens` tokens: a
-/// short call is one chunk of its own length, not padded to 64 (one token
-/// at a time is the plain recurrence).
-GatedDeltaOptions decodingChunks(int64_t tokens) {
-  GatedDeltaOptions options;
-  options.chunkSize = std::min(options.chunkSize, tokens);
-  return options;
-}
-
 } // namespace
 
 TargetModel::TargetModel(TransformerConfig config, TargetModelOptions options)
@@ -99,20 +90,8 @@ TargetModel TargetModel::load(const std::string &directory, const TargetModelOpt
     w.mlpUp = read(layer + "mlp.up_proj.weight", {c.intermediateSize, hidden});
     w.mlpDown = read(layer + "mlp.down_proj.weight", {hidden, c.intermediateSize});
     if (w.kind == LayerKind::LinearAttention) {
-      const GatedDeltaConfig &g = *c.gatedDelta;
-      const int64_t keyWidth = g.numKeyHeads * g.keyHeadDim;
-      const int64_t valueWidth = g.numValueHeads * g.valueHeadDim;
-      const std::string p = layer + "linear_attn.";
-      GatedDeltaWeights &d = w.gatedDelta;
-      d.inProjQkv = read(p + "in_proj_qkv.weight", {2 * keyWidth + valueWidth, hidden});
-      d.inProjZ = read(p + "in_proj_z.weight", {valueWidth, hidden});
-      d.inProjB = read(p + "in_proj_b.weight", {g.numValueHeads, hidden});
-      d.inProjA = read(p + "in_proj_a.weight", {g.numValueHeads, hidden});
-      d.conv = read(p + "conv1d.weight", {2 * keyWidth + valueWidth, 1, g.convKernelDim});
-      d.dtBias = read(p + "dt_bias", {g.numValueHeads});
-      d.aLog = read(p + "A_log", {g.numValueHeads});
-      d.norm = read(p + "norm.weight", {g.valueHeadDim});
-      d.outProj = read(p + "out_proj.weight", {hidden, valueWidth});
+      for (const GatedDeltaTensor &t : gatedDeltaTensors(*c.gatedDelta, hidden))
+        w.gatedDelta.*t.member = read(layer + "linear_attn." + t.name, t.shape);
     } else {
       const std::string p = layer + "self_attn.";
       AttentionWeights &a = w.attention;
@@ -180,9 +159,7 @@ Tensor TargetModel::attentionLayer(const LayerWeights &layer, const Tensor &x,
 Tensor TargetModel::gatedDeltaLayer(const GatedDeltaWeights &w, const Tensor &x,
                                     const TokenLayout &layout,
                                     TargetCache::GatedDelta *cache) const {
-  const GatedDeltaConfig &g = *config_.gatedDelta;
   const int64_t batch = x.size(0), length = x.size(1);
-  const int64_t keyWidth = g.numKeyHeads * g.keyHeadDim;
   const Tensor projected = at::linear(x, w.inProjQkv);
   Tensor convolved;
   if (cache) {
@@ -197,34 +174,24 @@ Tensor TargetModel::gatedDeltaLayer(const GatedDeltaWeights &w, const Tensor &x,
   } else {
     convolved = causalDepthwiseConv(projected, w.conv, layout);
   }
-  const Tensor mixed = torch::silu(convolved);
-  const Tensor q = mixed.narrow(-1, 0, keyWidth).view({batch, length, -1, g.keyHeadDim});
-  const Tensor k = mixed.narrow(-1, keyWidth, keyWidth).view({batch, length, -1, g.keyHeadDim});
-  const Tensor v = mixed.narrow(-1, 2 * keyWidth, g.numValueHeads * g.valueHeadDim)
-                       .view({batch, length, -1, g.valueHeadDim});
-  const Tensor beta = torch::sigmoid(at::linear(x, w.inProjB));
-  // g = -exp(A_log) softplus(a + dt_bias), in float32 (A may be large).
-  const Tensor a = at::linear(x, w.inProjA).to(torch::kFloat);
-  const Tensor decay = -w.aLog.to(torch::kFloat).exp() * torch::softplus(a + w.dtBias);
+  const GatedDeltaRuleInputs in = gatedDeltaRuleInputs(*config_.gatedDelta, w, convolved, x);
   Tensor core;
   if (cache) {
-    GatedDeltaResult result =
-        gatedDeltaRuleWithState(q, k, v, decay, beta, cache->state, decodingChunks(length));
+    GatedDeltaResult result = gatedDeltaRuleWithState(in.q, in.k, in.v, in.g, in.beta,
+                                                      cache->state, shortCallOptions(length));
     cache->stateBefore = std::move(cache->state);
     cache->state = std::move(result.state);
-    cache->keys = k;
-    cache->values = v;
-    cache->decay = decay;
-    cache->beta = beta;
+    cache->keys = in.k;
+    cache->values = in.v;
+    cache->decay = in.g;
+    cache->beta = in.beta;
     core = std::move(result.output);
   } else {
-    const GatedDeltaCall call{q, k, v, decay, beta, layout};
+    const GatedDeltaCall call{in.q, in.k, in.v, in.g, in.beta, layout};
     core = options_.gatedDelta ? options_.gatedDelta(call)
-                               : gatedDeltaRule(q, k, v, decay, beta, layout);
+                               : gatedDeltaRule(in.q, in.k, in.v, in.g, in.beta, layout);
   }
-  const Tensor z = at::linear(x, w.inProjZ).view({batch, length, -1, g.valueHeadDim});
-  const Tensor normed = gatedRmsNorm(core, z, w.norm, config_.rmsNormEps);
-  return at::linear(normed.reshape({batch, length, -1}), w.outProj);
+  return gatedDeltaOutput(*config_.gatedDelta, w, core, x, config_.rmsNormEps);
 }
 
 void TargetModel::startCache(TargetCache &cache, int64_t batch) const {
@@ -272,7 +239,7 @@ void TargetCache::truncate(int64_t newLength) {
         auto prefix = [&](const Tensor &x) { return x.narrow(1, 0, kept); };
         const Tensor keys = prefix(d.keys);
         d.state = gatedDeltaRuleWithState(keys, keys, prefix(d.values), prefix(d.decay),
-                                          prefix(d.beta), d.stateBefore, decodingChunks(kept))
+                                          prefix(d.beta), d.stateBefore, shortCallOptions(kept))
                       .state;
       }
       d.conv = d.convWindow.narrow(1, kept, d.conv.size(2)).transpose(1, 2).contiguous();

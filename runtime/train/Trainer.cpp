@@ -379,9 +379,10 @@ models::DFlashDrafter buildDrafter(const TrainingPlan &plan, const models::Targe
   drafter->to(plan.drafterDevice, plan.drafterDtype);
   drafter->setTargetWeights(target.embedTokens().to(plan.drafterDevice, plan.drafterDtype),
                             target.lmHead().to(plan.drafterDevice, plan.drafterDtype));
-  if (plan.drafterDevice.is_cuda()) {
+  const TransformerConfig &d = plan.drafter.model;
+  if (plan.drafterDevice.is_cuda() && d.numLayersOf(LayerKind::LinearAttention) < d.numHiddenLayers) {
     const TrainConfig &c = plan.config;
-    const bool sliding = plan.drafter.model.slidingWindow.has_value();
+    const bool sliding = d.slidingWindow.has_value();
     drafter->setAttention(std::make_shared<models::BundleDrafterAttention>(
         KernelBundle::openCached(c.drafterBundle), c.drafterFullSpec,
         sliding ? c.drafterSlidingSpec : std::string()));

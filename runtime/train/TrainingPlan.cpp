@@ -29,6 +29,39 @@ torch::ScalarType dtypeOf(const std::string &name) {
 /// A size the config may leave at 0 for the target's.
 int64_t orTarget(int64_t configured, int64_t target) { return configured > 0 ? configured : target; }
 
+/// The shapes of the drafter's gated-delta layers: the config's, else a
+/// Qwen3.5 target's, else Qwen3.5's proportions for the hidden size H: head
+/// dims min(128, H), value heads filling H, half as many key heads (as many
+/// when odd), 4 taps (H = 4096: Qwen3.5-9B's 16 key and 32 value heads of
+/// 128).
+GatedDeltaConfig resolveGatedDelta(const TrainConfig &c, const TransformerConfig &target) {
+  GatedDeltaConfig fallback;
+  if (target.gatedDelta) {
+    fallback = *target.gatedDelta;
+  } else {
+    fallback.keyHeadDim = fallback.valueHeadDim = std::min<int64_t>(128, target.hiddenSize);
+    fallback.numValueHeads = std::max<int64_t>(1, target.hiddenSize / fallback.valueHeadDim);
+    fallback.numKeyHeads = fallback.numValueHeads % 2 ? fallback.numValueHeads : fallback.numValueHeads / 2;
+    fallback.convKernelDim = 4;
+  }
+  using G = GatedDeltaConfig;
+  const std::pair<int64_t TrainConfig::*, int64_t G::*> shapes[] = {
+      {&TrainConfig::linearNumKeyHeads, &G::numKeyHeads},
+      {&TrainConfig::linearNumValueHeads, &G::numValueHeads},
+      {&TrainConfig::linearKeyHeadDim, &G::keyHeadDim},
+      {&TrainConfig::linearValueHeadDim, &G::valueHeadDim},
+      {&TrainConfig::linearConvKernelDim, &G::convKernelDim}};
+  G g;
+  for (const auto &[configured, shape] : shapes)
+    g.*shape = orTarget(c.*configured, fallback.*shape);
+  if (g.numValueHeads % g.numKeyHeads)
+    fail("drafter.linear_num_value_heads", std::to_string(g.numValueHeads) +
+                                               " is not a multiple of the " +
+                                               std::to_string(g.numKeyHeads) +
+                                               " key heads (drafter.linear_num_key_heads)");
+  return g;
+}
+
 DrafterConfig resolveDrafter(const TrainConfig &c, const TransformerConfig &target) {
   if (c.hiddenSize > 0 && c.hiddenSize != target.hiddenSize)
     fail("drafter.hidden_size", std::to_string(c.hiddenSize) +
@@ -58,11 +91,15 @@ DrafterConfig resolveDrafter(const TrainConfig &c, const TransformerConfig &targ
   m.eosTokenIds = target.eosTokenIds;
   m.dtype = "bfloat16";
   for (int64_t i = 0; i < c.drafterLayers; ++i) {
-    const bool sliding = !c.drafterLayerTypes.empty() && c.drafterLayerTypes[i] == "sliding_attention";
-    m.layerKinds.push_back(sliding ? LayerKind::SlidingAttention : LayerKind::FullAttention);
+    const std::string type = c.drafterLayerTypes.empty() ? "full_attention" : c.drafterLayerTypes[i];
+    m.layerKinds.push_back(type == "sliding_attention"  ? LayerKind::SlidingAttention
+                           : type == "linear_attention" ? LayerKind::LinearAttention
+                                                        : LayerKind::FullAttention);
   }
   if (m.numLayersOf(LayerKind::SlidingAttention))
     m.slidingWindow = c.slidingWindow;
+  if (m.numLayersOf(LayerKind::LinearAttention))
+    m.gatedDelta = resolveGatedDelta(c, target);
 
   DFlashConfig &f = d.dflash;
   f.numTargetLayers = target.numHiddenLayers;
@@ -84,18 +121,20 @@ DrafterConfig resolveDrafter(const TrainConfig &c, const TransformerConfig &targ
   return d;
 }
 
+uint64_t elementCount(const std::vector<int64_t> &shape) {
+  uint64_t elements = 1;
+  for (int64_t size : shape)
+    elements *= uint64_t(size);
+  return elements;
+}
+
 /// Parameters of the target as its checkpoint holds them (text model only).
 uint64_t targetParameterCount(const std::string &directory) {
   const SafeTensorsCheckpoint checkpoint = SafeTensorsCheckpoint::open(directory);
   uint64_t count = 0;
-  for (const std::string &name : checkpoint.names()) {
-    if (name.find("visual") != std::string::npos || name.find("mtp.") != std::string::npos)
-      continue;
-    uint64_t elements = 1;
-    for (int64_t size : checkpoint.info(name).shape)
-      elements *= uint64_t(size);
-    count += elements;
-  }
+  for (const std::string &name : checkpoint.names())
+    if (name.find("visual") == std::string::npos && name.find("mtp.") == std::string::npos)
+      count += elementCount(checkpoint.info(name).shape);
   return count;
 }
 
@@ -123,7 +162,8 @@ void checkAttentionSpec(const KernelBundle &bundle, const std::string &key, cons
 void checkBundles(const TrainingPlan &plan) {
   const TrainConfig &c = plan.config;
   const TransformerConfig &d = plan.drafter.model;
-  if (plan.drafterDevice.is_cuda()) {
+  // Gated-delta layers run in LibTorch: a drafter of only those needs no bundle.
+  if (plan.drafterDevice.is_cuda() && d.numLayersOf(LayerKind::LinearAttention) < d.numHiddenLayers) {
     if (c.drafterBundle.empty())
       fail("kernels.drafter_bundle", "is required on CUDA: compile the drafter's attention "
                                      "(examples/dflash.mlir with the drafter's heads) with dflex-compile");
@@ -192,12 +232,29 @@ std::vector<DeviceMemoryPlan> memoryPlan(const TrainingPlan &p) {
     drafter.parts.push_back({"context features", n * T * H * ds});
   const uint64_t kvWidth = uint64_t(2 * d.numKeyValueHeads * d.headDim);
   const uint64_t qWidth = uint64_t(d.numAttentionHeads * d.headDim);
-  const uint64_t perLayer =
-      (Q * (8 * H + 3 * qWidth + 3 * uint64_t(d.intermediateSize)) + (T + Q) * 3 * kvWidth + T * H) * ds;
-  drafter.parts.push_back({"drafter activations kept for backward", perLayer * uint64_t(d.numHiddenLayers) +
-                                                                       (T * n * H + 2 * T * H) * ds});
+  const uint64_t I = uint64_t(d.intermediateSize);
+  const uint64_t attentionLayers = uint64_t(d.numHiddenLayers - d.numLayersOf(LayerKind::LinearAttention));
+  const uint64_t attentionLayer = (Q * (8 * H + 3 * qWidth + 3 * I) + (T + Q) * 3 * kvWidth + T * H) * ds;
+  uint64_t activations = attentionLayer * attentionLayers + (T * n * H + 2 * T * H) * ds;
+  if (d.gatedDelta) {
+    // Per gated-delta layer: the projections, convolution and gated norm of
+    // the context and the blocks; the chunked rule's per-token tensors and
+    // 64 x 64 decays (float32); a state per chunk of the context; and per
+    // block its state at the anchor, the copy gathered for the blocks' run
+    // and the chunk's weighted keys [Dk, 64] per value head behind it.
+    const GatedDeltaConfig &g = *d.gatedDelta;
+    const uint64_t Hv = uint64_t(g.numValueHeads), Dk = uint64_t(g.keyHeadDim), Dv = uint64_t(g.valueHeadDim);
+    const uint64_t C = 2 * uint64_t(g.numKeyHeads) * Dk + Hv * Dv, chunk = 64;
+    const uint64_t layers = uint64_t(d.numLayersOf(LayerKind::LinearAttention));
+    const uint64_t layer = (Q * (8 * H + 3 * I + 3 * C + 3 * Hv * Dv) + T * 3 * C) * ds +
+                           (T + Q) * Hv * (4 * Dk + 3 * Dv + 3 * chunk) * 4 + (T / chunk + 1) * Hv * Dk * Dv * 4;
+    activations += layer * layers;
+    drafter.parts.push_back({"gated-delta states at the anchors (float32)",
+                             layers * uint64_t(c.maxAnchors) * Hv * Dk * (2 * Dv + chunk) * 4});
+  }
+  drafter.parts.push_back({"drafter activations kept for backward", activations});
   if (!p.drafterDevice.is_cuda())
-    drafter.parts.push_back({"dense attention scores (CPU)", uint64_t(d.numHiddenLayers) * 2 *
+    drafter.parts.push_back({"dense attention scores (CPU)", attentionLayers * 2 *
                                                                  uint64_t(d.numAttentionHeads) * Q * (T + Q) * 4});
   drafter.parts.push_back({"loss chunk logits", 2 * (uint64_t(256) << 20)});
 
@@ -221,9 +278,16 @@ uint64_t drafterParameterCount(const DrafterConfig &config, int64_t targetHidden
   const TransformerConfig &m = config.model;
   const uint64_t H = uint64_t(m.hiddenSize), D = uint64_t(m.headDim);
   const uint64_t q = uint64_t(m.numAttentionHeads) * D, kv = uint64_t(m.numKeyValueHeads) * D;
-  const uint64_t layer = H * q + 2 * H * kv + q * H + 2 * D + 3 * H * uint64_t(m.intermediateSize) + 2 * H;
+  const uint64_t mlpAndNorms = 3 * H * uint64_t(m.intermediateSize) + 2 * H;
+  const uint64_t attention = H * q + 2 * H * kv + q * H + 2 * D;
+  uint64_t gatedDelta = 0;
+  if (m.gatedDelta)
+    for (const models::GatedDeltaTensor &t : models::gatedDeltaTensors(*m.gatedDelta, m.hiddenSize))
+      gatedDelta += elementCount(t.shape);
+  const uint64_t linearLayers = uint64_t(m.numLayersOf(LayerKind::LinearAttention));
   const uint64_t context = uint64_t(targetHidden) * config.dflash.targetLayerIds.size();
-  return context * H + 2 * H + uint64_t(m.numHiddenLayers) * layer;
+  return context * H + 2 * H + uint64_t(m.numHiddenLayers) * mlpAndNorms +
+         (uint64_t(m.numHiddenLayers) - linearLayers) * attention + linearLayers * gatedDelta;
 }
 
 std::string formatBytes(uint64_t bytes) {
@@ -299,8 +363,12 @@ std::string TrainingPlan::describe() const {
   out << "drafter: " << d.numHiddenLayers << " layers [";
   for (size_t i = 0; i < d.layerKinds.size(); ++i)
     out << (i ? ", " : "") << toString(d.layerKinds[i]);
-  out << "], heads " << d.numAttentionHeads << "/" << d.numKeyValueHeads << " x " << d.headDim
-      << ", intermediate " << d.intermediateSize << ", block " << drafter.dflash.blockSize
+  out << "], heads " << d.numAttentionHeads << "/" << d.numKeyValueHeads << " x " << d.headDim;
+  if (d.gatedDelta)
+    out << ", gated-delta heads " << d.gatedDelta->numKeyHeads << " x " << d.gatedDelta->keyHeadDim
+        << " / " << d.gatedDelta->numValueHeads << " x " << d.gatedDelta->valueHeadDim << ", conv "
+        << d.gatedDelta->convKernelDim;
+  out << ", intermediate " << d.intermediateSize << ", block " << drafter.dflash.blockSize
       << ", target layers [";
   for (size_t i = 0; i < drafter.dflash.targetLayerIds.size(); ++i)
     out << (i ? ", " : "") << drafter.dflash.targetLayerIds[i];

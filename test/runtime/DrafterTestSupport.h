@@ -14,6 +14,8 @@ namespace dflex::runtime::test {
 constexpr int64_t kVocab = 300, kHidden = 48, kBlockSize = 4;
 
 /// Three layers (full, sliding window, full), grouped heads, blocks of 4.
+/// Gated-delta (linear_attention) layers: 2 key heads of 8, 4 value heads
+/// of 6, a convolution of 3 taps.
 inline DrafterConfig tinyDrafterConfig(const std::string &layerTypes = R"("full_attention", "sliding_attention", "full_attention")",
                                 int64_t heads = 4, int64_t kvHeads = 2, int64_t headDim = 16) {
   const std::string json = R"({
@@ -27,6 +29,8 @@ inline DrafterConfig tinyDrafterConfig(const std::string &layerTypes = R"("full_
     "rope_theta": 10000.0, "rope_scaling": null, "tie_word_embeddings": false,
     "layer_types": [)" + layerTypes + R"(],
     "use_sliding_window": true, "sliding_window": 6,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+    "linear_value_head_dim": 6, "linear_conv_kernel_dim": 3,
     "block_size": 4, "num_target_layers": 6,
     "dflash_config": {"target_layer_ids": [1, 3], "block_size": 4, "mask_token_id": 299}
   })";

@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <iomanip>
 #include <iostream>
 
 using namespace dflex::runtime;
@@ -263,7 +264,7 @@ TEST(Drafter, LoadRejectsIncompleteOrForeignCheckpoints) {
   DrafterConfig withGatedDelta = tinyDrafterConfig();
   withGatedDelta.model.layerKinds[1] = LayerKind::LinearAttention;
   expectError<FormatError>([&] { DFlashDrafter{withGatedDelta}; },
-                           {"layer 1 is a linear-attention"});
+                           {"layer 1 is a linear_attention layer", "linear_num_key_heads"});
 }
 
 TEST(Drafter, RefusesInputsOfTheWrongShape) {
@@ -276,6 +277,301 @@ TEST(Drafter, RefusesInputsOfTheWrongShape) {
   expectError<FormatError>([&] { drafter->forward(in); }, {"context features must be [B, T, 96]"});
   expectError<FormatError>([&] { drafter->setTargetWeights(torch::zeros({10, 7}), p.lmHead); },
                            {"[V, 48]"});
+}
+
+// --- Gated-delta drafter layers ------------------------------------------------------
+
+namespace {
+
+constexpr int64_t kGatedContext = 83;
+
+/// Blocks of 4 over two rows of 83 context tokens where the per-block
+/// recurrence has its edges: row 0 holds documents [0, 9) and [9, 83) with
+/// anchors at both starts (no context), just after them (less context than
+/// the convolution's 3 taps), at the end of the first, and where the
+/// second's context fills one 64-token chunk (73) or crosses into the next;
+/// row 1 one document, anchors around the chunk boundary, then padding.
+DFlashBlocks edgeBlocks() {
+  DFlashBlocks blocks;
+  blocks.anchors = torch::tensor({0L, 1L, 2L, 8L, 9L, 10L, 11L, 40L, 73L, 74L, 80L,
+                                  3L, 63L, 64L, 65L, 82L, 0L, 0L, 0L, 0L, 0L, 0L})
+                       .view({2, 11});
+  blocks.contextStart = torch::tensor({0L, 0L, 0L, 0L, 9L, 9L, 9L, 9L, 9L, 9L, 9L,
+                                       0L, 0L, 0L, 0L, 0L, 0L, 0L, 0L, 0L, 0L, 0L})
+                            .view({2, 11});
+  blocks.blockValid = torch::arange(22).view({2, 11}) < 16;
+  blocks.blockSize = kBlockSize;
+  blocks.contextLength = kGatedContext;
+  return blocks;
+}
+
+/// The tiny config's gated-delta layer in float64, every parameter random
+/// (no zeros; decays between exp(-0.2) and ~1 per token so that a long
+/// context still counts).
+DrafterGatedDelta randomGatedDeltaLayer() {
+  DrafterGatedDelta layer(tinyDrafterConfig(R"("linear_attention")").model);
+  layer->to(torch::kDouble);
+  torch::manual_seed(21);
+  torch::NoGradGuard noGrad;
+  GatedDeltaWeights &w = layer->weights;
+  for (torch::Tensor *linear : {&w.inProjQkv, &w.inProjZ, &w.inProjB, &w.outProj})
+    linear->copy_(torch::randn(linear->sizes(), torch::kDouble) / std::sqrt(double(kHidden)));
+  w.inProjA.copy_(torch::randn(w.inProjA.sizes(), torch::kDouble) * 0.05);
+  w.conv.copy_(torch::randn(w.conv.sizes(), torch::kDouble) * 0.6);
+  w.aLog.copy_((0.01 + 0.09 * torch::rand(w.aLog.sizes(), torch::kDouble)).log());
+  w.dtBias.copy_(torch::randn(w.dtBias.sizes(), torch::kDouble) * 0.5);
+  w.norm.copy_(1 + 0.2 * torch::randn(w.norm.sizes(), torch::kDouble));
+  return layer;
+}
+
+/// The gated-delta drafter layer from its definition, block by block, one
+/// token at a time: the sequence context[s, a) then the block's h, the
+/// causal convolution from zeros and the recurrence from a zero state over
+/// it (test::sequentialGatedDelta), the last K outputs through the gated
+/// norm and out_proj; padding blocks 0.
+torch::Tensor referenceGatedDelta(const DrafterGatedDeltaImpl &layer, const torch::Tensor &context,
+                                  const torch::Tensor &h, const DFlashBlocks &blocks) {
+  const GatedDeltaConfig g = *tinyDrafterConfig(R"("linear_attention")").model.gatedDelta;
+  const GatedDeltaWeights &w = layer.weights;
+  const int64_t keyWidth = g.numKeyHeads * g.keyHeadDim, taps = g.convKernelDim;
+  std::vector<torch::Tensor> rows;
+  for (int64_t b = 0; b < context.size(0); ++b) {
+    std::vector<torch::Tensor> outputs;
+    for (int64_t n = 0; n < blocks.anchors.size(1); ++n) {
+      const torch::Tensor block = h[b].narrow(0, n * kBlockSize, kBlockSize);
+      if (!blocks.blockValid[b][n].item<bool>()) {
+        outputs.push_back(torch::zeros_like(block));
+        continue;
+      }
+      const int64_t anchor = blocks.anchors[b][n].item<int64_t>();
+      const int64_t start = blocks.contextStart[b][n].item<int64_t>();
+      const torch::Tensor sequence = torch::cat({context[b].narrow(0, start, anchor - start), block});
+      const int64_t length = sequence.size(0);
+      const torch::Tensor mixed = torch::matmul(sequence, w.inProjQkv.t());
+      std::vector<torch::Tensor> convolved;
+      for (int64_t t = 0; t < length; ++t) {
+        torch::Tensor sum = torch::zeros({mixed.size(1)}, torch::kDouble);
+        for (int64_t i = 0; i < taps; ++i)
+          if (t + i - (taps - 1) >= 0)
+            sum = sum + w.conv.select(1, 0).select(1, i) * mixed[t + i - (taps - 1)];
+        convolved.push_back(torch::silu(sum));
+      }
+      const torch::Tensor act = torch::stack(convolved).unsqueeze(0);
+      const torch::Tensor q = act.narrow(2, 0, keyWidth).view({1, length, -1, g.keyHeadDim});
+      const torch::Tensor k = act.narrow(2, keyWidth, keyWidth).view({1, length, -1, g.keyHeadDim});
+      const torch::Tensor v = act.narrow(2, 2 * keyWidth, g.numValueHeads * g.valueHeadDim)
+                                  .view({1, length, -1, g.valueHeadDim});
+      const torch::Tensor beta = torch::sigmoid(torch::matmul(sequence, w.inProjB.t())).unsqueeze(0);
+      const torch::Tensor decay =
+          (-w.aLog.exp() * torch::softplus(torch::matmul(sequence, w.inProjA.t()) + w.dtBias)).unsqueeze(0);
+      const torch::Tensor o = test::sequentialGatedDelta(q, k, v, decay, beta)[0].narrow(0, length - kBlockSize, kBlockSize);
+      const torch::Tensor z = torch::matmul(block, w.inProjZ.t()).view({kBlockSize, -1, g.valueHeadDim});
+      const torch::Tensor normed =
+          o * torch::rsqrt(o.pow(2).mean(-1, true) + 1e-6) * w.norm * torch::silu(z);
+      outputs.push_back(torch::matmul(normed.reshape({kBlockSize, -1}), w.outProj.t()));
+    }
+    rows.push_back(torch::cat(outputs));
+  }
+  return torch::stack(rows);
+}
+
+struct GatedDeltaProblem {
+  DFlashBlocks blocks = edgeBlocks();
+  torch::Tensor context, h, weights; ///< weights: of the loss sum(out * weights)
+};
+
+GatedDeltaProblem gatedDeltaProblem() {
+  torch::manual_seed(22);
+  GatedDeltaProblem p;
+  p.context = torch::randn({2, kGatedContext, kHidden}, torch::kDouble).requires_grad_();
+  p.h = torch::randn({2, 11 * kBlockSize, kHidden}, torch::kDouble).requires_grad_();
+  p.weights = torch::randn({2, 11 * kBlockSize, kHidden}, torch::kDouble);
+  return p;
+}
+
+} // namespace
+
+TEST(DrafterGatedDelta, MatchesAPerTokenRecurrenceOverEachBlocksContext) {
+  const DrafterGatedDelta layer = randomGatedDeltaLayer();
+  const GatedDeltaProblem p = gatedDeltaProblem();
+  torch::NoGradGuard noGrad;
+  const torch::Tensor out = layer->forward(p.context, p.h, p.blocks);
+  const torch::Tensor expected = referenceGatedDelta(*layer, p.context, p.h, p.blocks);
+  ASSERT_EQ(out.sizes(), expected.sizes());
+  const double error = relativeError(out, expected);
+  EXPECT_LE(error, 1e-12);
+  // Padding blocks are 0; a block whose anchor starts its document sees no
+  // context: the same tokens anchored at 0 of a one-token context agree.
+  EXPECT_EQ(out[1].narrow(0, 5 * kBlockSize, 6 * kBlockSize).abs().max().item<double>(), 0.0);
+  DFlashBlocks alone;
+  alone.anchors = torch::zeros({1, 1}, torch::kLong);
+  alone.contextStart = torch::zeros({1, 1}, torch::kLong);
+  alone.blockValid = torch::ones({1, 1}, torch::kBool);
+  alone.blockSize = kBlockSize;
+  alone.contextLength = 1;
+  const torch::Tensor atStart =
+      layer->forward(p.context[0].narrow(0, 9, 1).unsqueeze(0), p.h[0].narrow(0, 4 * kBlockSize, kBlockSize).unsqueeze(0), alone);
+  EXPECT_LE(relativeError(atStart[0], out[0].narrow(0, 4 * kBlockSize, kBlockSize)), 1e-14);
+  expectError<FormatError>([&] { layer->forward(p.context, p.h.narrow(1, 0, 8), p.blocks); },
+                           {"h [B, N*K = 44, H]", "got context [2, 83, 48], h [2, 8, 48]"});
+  std::cout << "[ parity   ] gated-delta drafter layer against the per-token recurrence (float64): "
+            << error << "\n";
+}
+
+TEST(DrafterGatedDelta, GradientsMatchTheReferenceAndFiniteDifferences) {
+  DrafterGatedDelta layer = randomGatedDeltaLayer();
+  GatedDeltaProblem p = gatedDeltaProblem();
+  // The others as padding keep the reference's backward short; these still
+  // have no context, a short one, one from a document's second start, and
+  // ones across the 64-token chunk.
+  p.blocks.blockValid = torch::tensor({1, 0, 1, 0, 0, 0, 1, 0, 0, 1, 0,
+                                       0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0})
+                            .view({2, 11})
+                            .to(torch::kBool);
+  auto gradients = [&](const torch::Tensor &out) {
+    layer->zero_grad();
+    p.context.mutable_grad() = torch::Tensor();
+    p.h.mutable_grad() = torch::Tensor();
+    (out * p.weights).sum().backward();
+    std::vector<torch::Tensor> grads{p.context.grad().clone(), p.h.grad().clone()};
+    for (const torch::Tensor &parameter : layer->parameters())
+      grads.push_back(parameter.grad().clone());
+    return grads;
+  };
+  const auto ours = gradients(layer->forward(p.context, p.h, p.blocks));
+  const auto expected = gradients(referenceGatedDelta(*layer, p.context, p.h, p.blocks));
+  double worst = 0;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_GT(expected[i].abs().max().item<double>(), 0) << i;
+    worst = std::max(worst, relativeError(ours[i], expected[i]));
+  }
+  EXPECT_LE(worst, 1e-11);
+  // Central differences of the loss along a random direction of all
+  // parameters against the gradient's projection on it.
+  torch::NoGradGuard noGrad;
+  std::vector<torch::Tensor> direction;
+  double projected = 0;
+  for (size_t i = 0; i < layer->parameters().size(); ++i) {
+    direction.push_back(torch::randn(ours[i + 2].sizes(), torch::kDouble));
+    projected += (direction.back() * ours[i + 2]).sum().item<double>();
+  }
+  auto lossAt = [&](double step) {
+    const std::vector<torch::Tensor> parameters = layer->parameters();
+    for (size_t i = 0; i < parameters.size(); ++i)
+      parameters[i].add_(direction[i], step);
+    const double loss = (layer->forward(p.context, p.h, p.blocks) * p.weights).sum().item<double>();
+    for (size_t i = 0; i < parameters.size(); ++i)
+      parameters[i].sub_(direction[i], step);
+    return loss;
+  };
+  const double epsilon = 1e-6;
+  const double difference = (lossAt(epsilon) - lossAt(-epsilon)) / (2 * epsilon);
+  EXPECT_NEAR(difference, projected, 1e-6 * std::abs(projected));
+  std::cout << "[ gradient ] gated-delta drafter layer: worst relative error against the "
+               "reference's autograd "
+            << worst << " over " << ours.size() << " tensors; directional derivative "
+            << std::setprecision(12) << difference << " vs " << projected << "\n";
+}
+
+TEST(DrafterCuda, GatedDeltaLayerMatchesTheFloat64CpuRun) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "needs a CUDA device";
+  const GatedDeltaProblem p = gatedDeltaProblem();
+  // Output and every gradient of the layer in `dtype` on `device`.
+  auto run = [&](torch::Device device, torch::ScalarType dtype) {
+    DrafterGatedDelta layer = randomGatedDeltaLayer();
+    layer->to(device, dtype);
+    DFlashBlocks blocks = p.blocks;
+    for (torch::Tensor *t : {&blocks.anchors, &blocks.contextStart, &blocks.blockValid})
+      *t = t->to(device);
+    const torch::Tensor context = p.context.detach().to(device, dtype).requires_grad_();
+    const torch::Tensor h = p.h.detach().to(device, dtype).requires_grad_();
+    const torch::Tensor out = layer->forward(context, h, blocks);
+    EXPECT_EQ(out.device().type(), device.type());
+    (out.to(torch::kDouble) * p.weights.to(device)).sum().backward();
+    std::vector<torch::Tensor> results{out.detach(), context.grad(), h.grad()};
+    for (const torch::Tensor &parameter : layer->parameters())
+      results.push_back(parameter.grad());
+    return results;
+  };
+  // The same runs on the CPU: float32 2.3e-6, bfloat16 4.1e-2.
+  const auto expected = run(torch::kCPU, torch::kDouble);
+  for (const auto &[dtype, tolerance] :
+       {std::pair{torch::kFloat, 1e-4}, std::pair{torch::kBFloat16, 8e-2}}) {
+    const auto ours = run(torch::kCUDA, dtype);
+    double worst = 0;
+    for (size_t i = 0; i < ours.size(); ++i)
+      worst = std::max(worst, relativeError(ours[i], expected[i]));
+    EXPECT_LE(worst, tolerance) << c10::toString(dtype);
+    std::cout << "[ gpu parity ] gated-delta drafter layer in " << c10::toString(dtype)
+              << " on CUDA against float64 on the CPU: worst of output and gradients " << worst
+              << "\n";
+  }
+}
+
+TEST(Drafter, GatedDeltaLayersUseQwen35NamesAndReloadIdentically) {
+  TempDir dir;
+  const Problem p = tinyProblem(torch::kFloat);
+  DFlashDrafter drafter(
+      tinyDrafterConfig(R"("linear_attention", "full_attention", "sliding_attention")"), 0, 3);
+  std::vector<std::string> layer0;
+  for (const auto &item : drafter->named_parameters())
+    if (item.key().rfind("layers.0.", 0) == 0)
+      layer0.push_back(item.key());
+  std::sort(layer0.begin(), layer0.end());
+  EXPECT_EQ(layer0, (std::vector<std::string>{
+                        "layers.0.input_layernorm.weight", "layers.0.linear_attn.A_log",
+                        "layers.0.linear_attn.conv1d.weight", "layers.0.linear_attn.dt_bias",
+                        "layers.0.linear_attn.in_proj_a.weight", "layers.0.linear_attn.in_proj_b.weight",
+                        "layers.0.linear_attn.in_proj_qkv.weight", "layers.0.linear_attn.in_proj_z.weight",
+                        "layers.0.linear_attn.norm.weight", "layers.0.linear_attn.out_proj.weight",
+                        "layers.0.mlp.down_proj.weight", "layers.0.mlp.gate_proj.weight",
+                        "layers.0.mlp.up_proj.weight", "layers.0.post_attention_layernorm.weight"}));
+  auto parameter = [&](const std::string &name) { return drafter->named_parameters()["layers.0.linear_attn." + name]; };
+  // q and k: 2 heads of 8 each, v: 4 heads of 6.
+  EXPECT_EQ(parameter("in_proj_qkv.weight").sizes(), torch::IntArrayRef({56, kHidden}));
+  EXPECT_EQ(parameter("conv1d.weight").sizes(), torch::IntArrayRef({56, 1, 3}));
+  EXPECT_TRUE(torch::equal(parameter("dt_bias"), torch::ones({4})));
+  EXPECT_TRUE((parameter("A_log").exp() < 16).all().item<bool>());
+  EXPECT_GT(parameter("conv1d.weight").std().item<double>(), 0.01);
+
+  drafter->setTargetWeights(p.embed, p.lmHead);
+  torch::Tensor expected;
+  {
+    torch::NoGradGuard noGrad;
+    expected = drafter->forward(inputsOf(p));
+  }
+  drafter->save(dir.file("drafter"));
+  const DrafterConfig config = loadDrafterConfig(dir.file("drafter"));
+  ASSERT_TRUE(config.model.gatedDelta.has_value());
+  EXPECT_EQ(config.model.gatedDelta->numValueHeads, 4);
+  EXPECT_EQ(config.model.gatedDelta->valueHeadDim, 6);
+  EXPECT_EQ(config.model.gatedDelta->convKernelDim, 3);
+  EXPECT_EQ(config.model.layerKinds[0], LayerKind::LinearAttention);
+  DFlashDrafter loaded(DFlashDrafterImpl::load(dir.file("drafter")));
+  loaded->setTargetWeights(p.embed, p.lmHead);
+  torch::NoGradGuard noGrad;
+  EXPECT_TRUE(torch::equal(loaded->forward(inputsOf(p)), expected));
+
+  // A config without a linear-attention shape names the key.
+  std::string json = test::readBytes(dir.file("drafter/config.json"));
+  const size_t key = json.find("\"linear_conv_kernel_dim\"");
+  ASSERT_NE(key, std::string::npos);
+  json.erase(key, json.find('\n', key) - key + 1);
+  test::writeBytes(dir.file("drafter/config.json"), json);
+  expectError<FormatError>([&] { DFlashDrafterImpl::load(dir.file("drafter")); },
+                           {"linear_conv_kernel_dim"});
+}
+
+TEST(Drafter, AGatedDeltaDrafterLearnsThroughItsContext) {
+  // With gated-delta layers only, the context features reach the blocks
+  // through the context part of the recurrence alone.
+  const Problem p = tinyProblem(torch::kFloat);
+  DFlashDrafter drafter(tinyDrafterConfig(R"("linear_attention")"), 0, 5);
+  drafter->setTargetWeights(p.embed, p.lmHead);
+  drafter->loss(drafter->forward(inputsOf(p)), p.batch.labels, p.batch.weights).loss.backward();
+  for (const auto &item : drafter->named_parameters())
+    EXPECT_GT(item.value().grad().abs().max().item<double>(), 0) << item.key();
 }
 
 // --- The dflex attention op as the drafter's attention ------------------------------

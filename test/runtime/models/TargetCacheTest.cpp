@@ -357,6 +357,31 @@ TEST(GatedDelta, ContinuesFromAState) {
       {"initial state must be [B, Hv, Dk, Dv] = [2, 6, 8, 12]", "got [2, 6, 12, 8]"});
 }
 
+TEST(GatedDelta, StatesAfterChosenTokensAreThePrefixesFinalStates) {
+  // 37 tokens in chunks of 16 from a random initial state: states after 0
+  // (the initial one), the first token, the ends of the first two chunks,
+  // tokens inside chunks and the last, asked for out of order.
+  const test::RuleInputs in = test::randomGatedDelta(2, 37);
+  const torch::Tensor initial = torch::randn({2, 6, 8, 12}, torch::kDouble);
+  GatedDeltaOptions options;
+  options.chunkSize = 16;
+  auto rule = [&](int64_t tokens, const std::vector<int64_t> &after) {
+    auto prefix = [&](const torch::Tensor &x) { return x.narrow(1, 0, tokens); };
+    return gatedDeltaRuleWithState(prefix(in.q), prefix(in.k), prefix(in.v), prefix(in.g),
+                                   prefix(in.beta), initial, options, after);
+  };
+  const std::vector<int64_t> after{37, 0, 1, 16, 32, 5, 17, 33, 16};
+  const GatedDeltaResult whole = rule(37, after);
+  ASSERT_EQ(whole.states.sizes(), torch::IntArrayRef({2, 9, 6, 8, 12}));
+  EXPECT_TRUE(torch::equal(whole.output, rule(37, {}).output));
+  for (size_t p = 0; p < after.size(); ++p) {
+    const torch::Tensor expected = after[p] == 0 ? initial : rule(after[p], {}).state;
+    EXPECT_LE(relativeError(whole.states.select(1, int64_t(p)), expected), 1e-12)
+        << "after " << after[p];
+  }
+  expectError<FormatError>([&] { rule(37, {38}); }, {"a state after 38 tokens", "the call has 37"});
+}
+
 TEST(CausalAttention, TheLastQueriesOverAPrefixAreTheWholeRowsQueries) {
   torch::manual_seed(5);
   const int64_t batch = 2, length = 29;

@@ -24,6 +24,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
 using namespace dflex::runtime;
@@ -143,6 +144,48 @@ TEST(Trainer, TheLossFalls) {
   // Checkpoints at 50 and 100.
   EXPECT_EQ(result.checkpoint, dir.file("run") + "/step-00000100");
   EXPECT_TRUE(fs::exists(dir.file("run") + "/step-00000050"));
+}
+
+TEST(Trainer, AMixedDrafterWithAGatedDeltaLayerLearns) {
+  // A gated-delta and a full-attention layer on the Qwen3 target (hidden
+  // 64, no gated-delta shapes of its own): the shapes derive from the hidden
+  // size, the plan counts the layer, the loss falls, and the checkpoint
+  // carries the shapes and reloads.
+  TempDir dir;
+  const std::string data = writeJsonl(dir, learnableSamples(60, 11));
+  const std::string mixed = "drafter.layer_types=[linear_attention, full_attention]";
+  test::expectError<FormatError>(
+      [&] { planTraining(tinyConfig(data, dir.file("run"), {mixed, "drafter.linear_num_key_heads=2"})); },
+      {"drafter.linear_num_value_heads", "1 is not a multiple of the 2 key heads"});
+  const TrainingPlan plan = planTraining(tinyConfig(
+      data, dir.file("run"), {mixed, "train.max_steps=60", "checkpoint.interval=60", "optimizer.lr=3e-2"}));
+  ASSERT_TRUE(plan.drafter.model.gatedDelta.has_value());
+  const GatedDeltaConfig &g = *plan.drafter.model.gatedDelta;
+  EXPECT_EQ(std::vector<int64_t>({g.numKeyHeads, g.numValueHeads, g.keyHeadDim, g.valueHeadDim, g.convKernelDim}),
+            std::vector<int64_t>({1, 1, 64, 64, 4}));
+  int64_t parameters = 0;
+  for (const torch::Tensor &p : models::DFlashDrafter(plan.drafter, plan.target.hiddenSize)->parameters())
+    parameters += p.numel();
+  EXPECT_EQ(plan.drafterParameters, uint64_t(parameters));
+  EXPECT_NE(plan.describe().find("gated-delta states at the anchors"), std::string::npos) << plan.describe();
+  // On CUDA, only attention layers need the drafter's bundle.
+  EXPECT_NO_THROW(planTraining(tinyConfig(
+      data, dir.file("run"), {"drafter.layer_types=[linear_attention, linear_attention]", "devices=[cuda]"})));
+
+  const TrainResult result = train(plan, {});
+  // The first 3 steps against the last 10 (13.2 -> 6.9; two full-attention
+  // layers: 13.2 -> 6.8).
+  const std::vector<double> loss = losses(dir.file("run"));
+  ASSERT_EQ(loss.size(), 60u);
+  const double first = (loss[0] + loss[1] + loss[2]) / 3;
+  const double last = std::accumulate(loss.end() - 10, loss.end(), 0.0) / 10;
+  EXPECT_LT(last, 0.65 * first) << first << " -> " << last;
+  const dflex::JsonValue json = dflex::readJsonFile(result.checkpoint + "/config.json");
+  const dflex::JsonObject top(json, "config.json");
+  EXPECT_EQ(top.strings("layer_types"), (std::vector<std::string>{"linear_attention", "full_attention"}));
+  EXPECT_EQ(top.integer("linear_value_head_dim"), 64);
+  const auto served = models::DFlashDrafterImpl::load(result.checkpoint);
+  EXPECT_TRUE(served->named_parameters().contains("layers.0.linear_attn.in_proj_qkv.weight"));
 }
 
 TEST(Trainer, AResumedRunIsBitwiseTheUninterruptedOne) {

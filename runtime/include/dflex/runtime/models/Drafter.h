@@ -12,15 +12,21 @@
 //               x = x + mlp(RMSNorm(x))
 //   output  = RMSNorm(x)                                           [B, N, K, H]
 //
+// A gated-delta (linear_attention) layer replaces the attention by Qwen3.5's
+// linear-attention layer run per block: over the block's context, then its
+// tokens (DrafterGatedDeltaImpl).
+//
 // The loss goes through the target's frozen LM head (blockCrossEntropy).
 // Parameter names are the tensor names of public DFlash checkpoints
 // (fc.weight, hidden_norm.weight, layers.N.self_attn.q_proj.weight, ...,
-// norm.weight; no embedding or LM head).
+// norm.weight; no embedding or LM head), and Qwen3.5's for gated-delta
+// layers (layers.N.linear_attn.in_proj_qkv.weight, ...).
 #pragma once
 
 #include "dflex/runtime/loss/BlockLoss.h"
 #include "dflex/runtime/bundle/KernelBundle.h"
 #include "dflex/runtime/checkpoint/ModelConfig.h"
+#include "dflex/runtime/models/GatedDeltaLayer.h"
 #include "dflex/runtime/models/Layers.h"
 
 #include <torch/torch.h>
@@ -138,11 +144,50 @@ public:
 };
 TORCH_MODULE(SwiGluMlp);
 
+/// The token mixer of a gated-delta drafter layer: Qwen3.5's
+/// linear-attention layer (GatedDeltaLayer.h; parameters in_proj_qkv,
+/// in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias, A_log, norm, out_proj)
+/// run once per block over the block's context and then its tokens, as the
+/// attention layers see them: for a valid block with anchor a and context
+/// start s, the convolution and the gated delta rule start from zero at s,
+/// read the context inputs of [s, a), continue over the block's K tokens,
+/// and the block tokens' outputs are the layer's. The context inputs are
+/// the projected target features the attention layers take their context
+/// keys and values from (hidden_norm(fc(features)), not normed again per
+/// layer); the block's are the layer's normed input. Padding blocks get 0.
+///
+/// Each (row, context start) runs its context once, and the states at all
+/// its blocks' anchors come from that run (gatedDeltaRuleWithState's
+/// statesAfter); then all blocks run together from their states. Plain
+/// LibTorch on every device, with autograd through both parts.
+class DrafterGatedDeltaImpl : public torch::nn::Module {
+public:
+  /// Needs config.gatedDelta.
+  explicit DrafterGatedDeltaImpl(const TransformerConfig &config);
+  /// context [B, T, H], h [B, N*K, H] -> [B, N*K, H].
+  torch::Tensor forward(const torch::Tensor &context, const torch::Tensor &h,
+                        const DFlashBlocks &blocks) const;
+  /// transformers' initialisation of Qwen3.5's layer: linear and
+  /// convolution weights normal(0, 0.02), A_log = log U(0, 16), dt_bias and
+  /// norm 1.
+  void initialise(at::Generator &generator);
+
+  GatedDeltaWeights weights; ///< the registered parameters
+
+private:
+  GatedDeltaConfig config_;
+  double eps_;
+};
+TORCH_MODULE(DrafterGatedDelta);
+
+/// A decoder layer: self_attn for full and sliding-window layers,
+/// linear_attn for gated-delta layers.
 class DrafterLayerImpl : public torch::nn::Module {
 public:
-  explicit DrafterLayerImpl(const TransformerConfig &config);
+  DrafterLayerImpl(const TransformerConfig &config, LayerKind kind);
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   DrafterSelfAttention self_attn{nullptr};
+  DrafterGatedDelta linear_attn{nullptr};
   SwiGluMlp mlp{nullptr};
 };
 TORCH_MODULE(DrafterLayer);
@@ -165,7 +210,8 @@ torch::Tensor concatContextFeatures(const std::vector<torch::Tensor> &hiddenStat
 
 class DFlashDrafterImpl : public torch::nn::Module {
 public:
-  /// Layers of kind FullAttention or SlidingAttention; hidden_act silu.
+  /// Layers of any kind (gated-delta layers need config.model.gatedDelta);
+  /// hidden_act silu.
   /// Parameters start at the Qwen3 initialisation (normal(0, 0.02) linear
   /// weights, unit norms), drawn from `seed`; float32 on the CPU (use to()).
   /// `targetHiddenSize` is the width of one target layer's hidden state

@@ -14,6 +14,8 @@
 
 #include <torch/types.h>
 
+#include <vector>
+
 namespace dflex::runtime::models {
 
 struct GatedDeltaOptions {
@@ -25,6 +27,11 @@ struct GatedDeltaOptions {
   double scale = 0;
 };
 
+/// The options of a short call of `tokens` tokens (a decoding step, a
+/// drafter block): one chunk of its own length, not padded to 64 (one token
+/// at a time is the plain recurrence).
+GatedDeltaOptions shortCallOptions(int64_t tokens);
+
 /// q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g and beta [B, T, Hv] (g <= 0, in
 /// log space), Hv a multiple of Hk (key head h serves value heads
 /// [h * Hv/Hk, (h + 1) * Hv/Hk)). Every row is one sequence starting from a
@@ -34,10 +41,12 @@ torch::Tensor gatedDeltaRule(const torch::Tensor &q, const torch::Tensor &k,
                              const torch::Tensor &v, const torch::Tensor &g,
                              const torch::Tensor &beta, const GatedDeltaOptions &options = {});
 
-/// The output of a gated-delta call and the state it ends in.
+/// The output of a gated-delta call and the states it passes through.
 struct GatedDeltaResult {
   torch::Tensor output; ///< [B, T, Hv, Dv] in the dtype of q
   torch::Tensor state;  ///< [B, Hv, Dk, Dv] in the compute type
+  /// With statesAfter: [B, P, Hv, Dk, Dv] in the compute type.
+  torch::Tensor states;
 };
 
 /// gatedDeltaRule continuing from `initialState` [B, Hv, Dk, Dv] (any
@@ -45,11 +54,15 @@ struct GatedDeltaResult {
 /// the state after the last token (the incremental decoding of
 /// TargetModel's cached forward). The same computation: with an undefined
 /// initial state the output equals gatedDeltaRule's to the bit.
+/// `statesAfter` [P] asks for the state after the first statesAfter[p]
+/// tokens of every row, each in [0, T] (0: the initial state), taken from
+/// the chunk that holds the token (the drafter's states at its anchors).
 GatedDeltaResult gatedDeltaRuleWithState(const torch::Tensor &q, const torch::Tensor &k,
                                          const torch::Tensor &v, const torch::Tensor &g,
                                          const torch::Tensor &beta,
                                          const torch::Tensor &initialState,
-                                         const GatedDeltaOptions &options = {});
+                                         const GatedDeltaOptions &options = {},
+                                         const std::vector<int64_t> &statesAfter = {});
 
 /// gatedDeltaRule over the sequences of `layout`: each segment of a packed
 /// row starts from a zero state.

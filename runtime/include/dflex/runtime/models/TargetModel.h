@@ -7,6 +7,7 @@
 #pragma once
 
 #include "dflex/runtime/checkpoint/ModelConfig.h"
+#include "dflex/runtime/models/GatedDeltaLayer.h"
 #include "dflex/runtime/models/GatedDeltaRule.h"
 #include "dflex/runtime/models/Layers.h"
 
@@ -174,11 +175,6 @@ private:
     torch::Tensor q, k, v, o;
     torch::Tensor qBias, kBias, vBias, oBias; ///< attention_bias only
     torch::Tensor qNorm, kNorm;
-  };
-  struct GatedDeltaWeights {
-    torch::Tensor inProjQkv, inProjZ, inProjB, inProjA;
-    torch::Tensor conv; ///< [C, 1, K]
-    torch::Tensor dtBias, aLog, norm, outProj;
   };
   struct LayerWeights {
     LayerKind kind = LayerKind::FullAttention;

@@ -26,8 +26,8 @@ struct TrainConfig {
   std::string targetDtype = "bfloat16";
   // drafter
   int64_t drafterLayers = 5;
-  /// Per layer: full_attention or sliding_attention; empty: all
-  /// full_attention.
+  /// Per layer: full_attention, sliding_attention or linear_attention
+  /// (gated delta); empty: all full_attention.
   std::vector<std::string> drafterLayerTypes;
   std::string drafterDtype = "bfloat16"; // trained in; optimizer state is float32
   int64_t slidingWindow = 2048;
@@ -36,6 +36,13 @@ struct TrainConfig {
   int64_t numAttentionHeads = 0; // 0: the target's
   int64_t numKeyValueHeads = 0;  // 0: the target's
   int64_t headDim = 0;           // 0: the target's
+  // Shapes of linear_attention layers; 0: the target's (Qwen3.5), else
+  // derived from the hidden size (TrainingPlan).
+  int64_t linearNumKeyHeads = 0;
+  int64_t linearNumValueHeads = 0;
+  int64_t linearKeyHeadDim = 0;
+  int64_t linearValueHeadDim = 0;
+  int64_t linearConvKernelDim = 0;
   std::vector<int64_t> targetLayerIds; // empty: spread over 1 .. L-3
   int64_t blockSize = 16;
   int64_t maskTokenId = -1; // -1: the target tokenizer's mask token must be given
