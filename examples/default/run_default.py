@@ -160,8 +160,7 @@ def main():
               f" | {'yes' if r['lossless'] else 'NO'} | {r['speedup']:.2f}x |")
     print(f"\ntau: accepted drafts + 1 per verification, averaged per response then over responses; "
           f">= k: share of verifications that kept at least k of the {block - 1} drafts; speed-up: decoding "
-          "time of the target alone over speculative decoding's (a target this small gains little from "
-          "drafting, on the CPU least).")
+          "time of the target alone over speculative decoding's.")
     print(f"trained drafter (serving format): {trained}")
     plots = os.path.join(run_dir, "plots")
     if os.path.isdir(plots):
