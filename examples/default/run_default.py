@@ -100,13 +100,16 @@ def main():
     stages = Stages()
 
     import torch
+    # The target's training and answers need only PyTorch; the drafter needs
+    # its kernels on the GPU.
+    python_device = "cuda" if torch.cuda.is_available() else "cpu"
     bundle = os.path.join(args.bundles, "dflash") if args.bundles else None
     gpu = torch.cuda.is_available() and bundle is not None and os.path.isdir(bundle)
     device, dtype = ("cuda", "bfloat16") if gpu else ("cpu", "float32")
-    print(f"run_default: on {device}" + ("" if gpu or not torch.cuda.is_available()
-                                         else " (no kernel bundles given: --bundles)"), flush=True)
+    print(f"run_default: the target on {python_device}, the drafter on {device}" +
+          ("" if gpu or not torch.cuda.is_available() else " (no kernel bundles: --bundles)"), flush=True)
 
-    target = make_target(work, settings, device, stages)
+    target = make_target(work, settings, python_device, stages)
 
     stages.begin(f"data: the target answers {settings['prompts']} prompts (dflex-data regenerate)")
     prompts, heldout = os.path.join(work, "prompts.jsonl"), os.path.join(work, "heldout.jsonl")
@@ -119,7 +122,7 @@ def main():
         if os.path.exists(stale):
             os.remove(stale)
     run([os.path.join(args.bin, "dflex-data"), "regenerate", "--target", target,
-         "--max-new-tokens", str(settings["max_new_tokens"]), "--device", device, data, prompts])
+         "--max-new-tokens", str(settings["max_new_tokens"]), "--device", python_device, data, prompts])
 
     stages.begin("the drafter: dflex-train on the target's answers")
     from transformers import AutoTokenizer
