@@ -537,7 +537,7 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
     ranks.sum(0.0, "checkpoint written");
     result.checkpoint = (fs::path(c.checkpointDir) / CheckpointStore::nameOf(state.step)).string();
     progress.message("checkpoint " + result.checkpoint);
-    if (leader && options.afterCheckpoint)
+    if (leader && options.afterCheckpoint && state.step > 0) // the initial one has no metrics to report
       options.afterCheckpoint();
   };
   if (options.checkpointInitial && !resumeFrom)

@@ -35,7 +35,7 @@ struct TrainerOptions {
   bool progressBar = false;
   /// Checked between steps: when set, the run checkpoints and returns.
   const std::atomic<bool> *stop = nullptr;
-  /// Called after each checkpoint (e.g. to render the run report).
+  /// Called after each checkpoint but the initial one (e.g. to render the run report).
   std::function<void()> afterCheckpoint;
   /// Also checkpoint the initialised drafter, as step 0, before the first
   /// update of a new run: the untrained baseline of an evaluation.
