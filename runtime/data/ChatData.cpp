@@ -14,24 +14,6 @@ namespace {
 // The name the build installs tools/dflex-data/chat_helper.py under.
 constexpr const char *kChatHelper = "dflex-chat-helper.py";
 
-/// Whether a prompts file has a line that is not {"input_ids": ...}: only
-/// those need the tokenizer.
-bool hasChatRecords(const std::string &path) {
-  std::ifstream in(path);
-  if (!in)
-    throw IoError("cannot open '" + path + "'");
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos)
-      continue;
-    const std::string where = path + ":" + std::to_string(number);
-    const JsonValue value = parseJsonText(line, where);
-    if (!value.isObject() || !JsonObject(value, where).has("input_ids"))
-      return true;
-  }
-  return false;
-}
-
 std::vector<int64_t> checkedPrompt(const JsonValue &value, const std::string &where, int64_t vocabSize) {
   std::vector<int64_t> prompt = JsonObject(value, where).integers("input_ids");
   if (prompt.empty())
@@ -84,20 +66,26 @@ TokenDatasetInfo writeChatDataset(const std::string &targetDir, int64_t vocabSiz
 
 std::vector<std::vector<int64_t>> readPrompts(const std::string &path, const std::string &targetDir,
                                               int64_t vocabSize) {
+  std::ifstream in(path);
+  if (!in)
+    throw IoError("cannot open '" + path + "'");
   std::vector<std::vector<int64_t>> prompts;
-  if (hasChatRecords(path)) {
-    runChatHelper({"prompts", "--target", targetDir, path}, [&](const JsonValue &line, const std::string &where) {
-      prompts.push_back(checkedPrompt(line, JsonObject(line, where).string("origin"), vocabSize));
+  std::string line;
+  bool chatRecords = false; // only those need the tokenizer
+  for (int64_t number = 1; std::getline(in, line) && !chatRecords; ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos)
+      continue;
+    const std::string where = path + ":" + std::to_string(number);
+    const JsonValue value = parseJsonText(line, where);
+    chatRecords = !value.isObject() || !JsonObject(value, where).has("input_ids");
+    if (!chatRecords)
+      prompts.push_back(checkedPrompt(value, where, vocabSize));
+  }
+  if (chatRecords) { // the helper renders them and passes token ids through
+    prompts.clear();
+    runChatHelper({"prompts", "--target", targetDir, path}, [&](const JsonValue &object, const std::string &where) {
+      prompts.push_back(checkedPrompt(object, JsonObject(object, where).string("origin"), vocabSize));
     });
-  } else {
-    std::ifstream in(path);
-    std::string line;
-    for (int64_t number = 1; std::getline(in, line); ++number) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos)
-        continue;
-      const std::string where = path + ":" + std::to_string(number);
-      prompts.push_back(checkedPrompt(parseJsonText(line, where), where, vocabSize));
-    }
   }
   if (prompts.empty())
     throw FormatError(path + ": no prompts");

@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace dflex::runtime::test {
@@ -64,6 +67,24 @@ inline CommandResult runPythonFile(const std::string &path, const std::string &a
 inline CommandResult runPythonScript(const std::string &script,
                                      const std::string &arguments) {
   return runPythonFile(std::string(DFLEX_TEST_SOURCE_DIR) + "/python/" + script, arguments);
+}
+
+/// The directory of target_reference.py's tiny random model `model`
+/// (qwen3, qwen3_5, ...; test/runtime/models/python), made once per test
+/// program and shared by its tests, which only read it.
+inline std::string referenceTarget(const std::string &model) {
+  static std::map<std::string, std::unique_ptr<TempDir>> built;
+  std::unique_ptr<TempDir> &dir = built[model];
+  if (!dir) {
+    auto fresh = std::make_unique<TempDir>();
+    const CommandResult result =
+        runPythonFile(std::string(DFLEX_TEST_SOURCE_DIR) + "/../models/python/target_reference.py",
+                      "--model " + model + " --out \"" + fresh->path().string() + "\"");
+    if (result.exitCode != 0)
+      throw std::runtime_error("target_reference.py --model " + model + " failed:\n" + result.output);
+    dir = std::move(fresh);
+  }
+  return dir->file("model");
 }
 
 inline std::string readBytes(const std::string &path) {

@@ -366,6 +366,7 @@ def regenerate(args, out):
     eos = model.generation_config.eos_token_id
     if eos is None:
         eos = tokenizer.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
 
     started, answered, unfinished = time.monotonic(), 0, 0
     for first in range(len(journal.done), len(todo), args.batch_size):
@@ -382,7 +383,6 @@ def regenerate(args, out):
                 top_p=args.top_p if args.temperature > 0 else None, top_k=None,
                 eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
         new_tokens = generated[:, encoded["input_ids"].shape[1]:].tolist()
-        eos_ids = set(eos if isinstance(eos, list) else [eos])
         records = []
         for (origin, messages), tokens in zip(batch, new_tokens):
             finished = any(t in eos_ids for t in tokens)

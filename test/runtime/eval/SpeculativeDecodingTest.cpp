@@ -25,16 +25,6 @@ models::TargetModel loadTarget(const std::string &directory) {
   return models::TargetModel::load(directory, options);
 }
 
-/// The tiny target of target_reference.py (vocab 512, hidden 64, 3 layers).
-std::string makeTarget(const TempDir &dir) {
-  const auto script =
-      test::runPythonFile(std::string(DFLEX_TEST_SOURCE_DIR) + "/../models/python/target_reference.py",
-                          "--model qwen3 --out \"" + dir.path().string() + "\"");
-  if (script.exitCode != 0)
-    throw std::runtime_error("target_reference.py failed: " + script.output);
-  return dir.file("model");
-}
-
 std::vector<std::vector<int64_t>> prompts(size_t count, uint64_t seed) {
   SplitMix64 random(seed);
   std::vector<std::vector<int64_t>> out(count);
@@ -55,7 +45,8 @@ std::shared_ptr<models::DFlashDrafterImpl> drafterFor(const models::TargetModel 
 
 TEST(SpeculativeDecoding, IsLosslessAndATrainedDrafterGetsDraftsAccepted) {
   TempDir dir;
-  const std::string targetDir = makeTarget(dir);
+  // target_reference.py's tiny Qwen3 (vocab 512, hidden 64, 3 layers).
+  const std::string targetDir = test::referenceTarget("qwen3");
   const models::TargetModel target = loadTarget(targetDir);
   eval::GenerationOptions options;
   options.maxNewTokens = 40;
@@ -134,14 +125,10 @@ TEST(SpeculativeDecoding, TauIsEachResponsesMeanThenTheirMean) {
 }
 
 TEST(SpeculativeDecoding, IsLosslessOnAHybridGatedDeltaTarget) {
-  TempDir dir;
-  const auto script =
-      test::runPythonFile(std::string(DFLEX_TEST_SOURCE_DIR) + "/../models/python/target_reference.py",
-                          "--model qwen3_5 --out \"" + dir.path().string() + "\"");
-  ASSERT_EQ(script.exitCode, 0) << script.output;
-  const models::TargetModel target = loadTarget(dir.file("model"));
+  const std::string targetDir = test::referenceTarget("qwen3_5");
+  const models::TargetModel target = loadTarget(targetDir);
   const TrainingPlan plan = planTraining(loadTrainConfig(
-      "", {"target.dir=" + dir.file("model"), "drafter.num_layers=2", "drafter.target_layer_ids=[0, 2]",
+      "", {"target.dir=" + targetDir, "drafter.num_layers=2", "drafter.target_layer_ids=[0, 2]",
            "drafter.block_size=4", "drafter.mask_token_id=511", "data.path=unused.jsonl"}));
   models::DFlashDrafter drafter(plan.drafter, plan.target.hiddenSize, 3);
   drafter->to(torch::kDouble);

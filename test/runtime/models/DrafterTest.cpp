@@ -765,13 +765,9 @@ TEST(DrafterCuda, KernelAttentionMatchesTheIndependentImplementation) {
 // --- Training on a target model -------------------------------------------------------
 
 TEST(Drafter, LearnsFromATargetModel) {
-  TempDir dir;
-  auto script = test::runPythonScript(
-      "target_reference.py", "--model qwen3 --out \"" + dir.path().string() + "\"");
-  ASSERT_EQ(script.exitCode, 0) << script.output;
   TargetModelOptions targetOptions;
   targetOptions.dtype = torch::kFloat;
-  const TargetModel target = TargetModel::load(dir.file("model"), targetOptions);
+  const TargetModel target = TargetModel::load(test::referenceTarget("qwen3"), targetOptions);
   const int64_t hidden = target.config().hiddenSize, vocab = target.config().vocabSize;
 
   DrafterConfig config = tinyDrafterConfig(R"("full_attention", "sliding_attention")");

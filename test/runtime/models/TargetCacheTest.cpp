@@ -32,22 +32,6 @@ using dflex::runtime::test::TempDir;
 
 namespace {
 
-/// target_reference.py's `model` directory, built once per test program.
-std::string tinyModel(const std::string &model) {
-  static std::map<std::string, std::unique_ptr<TempDir>> built;
-  std::unique_ptr<TempDir> &dir = built[model];
-  if (!dir) {
-    auto fresh = std::make_unique<TempDir>();
-    const auto result = test::runPythonScript(
-        "target_reference.py", "--model " + model + " --out \"" + fresh->path().string() + "\"");
-    if (result.exitCode != 0)
-      throw std::runtime_error("target_reference.py --model " + model + " failed:\n" +
-                               result.output);
-    dir = std::move(fresh);
-  }
-  return dir->file("model");
-}
-
 TargetModel load(const std::string &model, torch::ScalarType dtype) {
   TargetModelOptions options;
   options.dtype = dtype;
@@ -58,7 +42,7 @@ TargetModel load(const std::string &model, torch::ScalarType dtype) {
   options.gatedDelta = [](const GatedDeltaCall &) -> torch::Tensor {
     throw std::logic_error("the gated-delta hook ran on the cached path");
   };
-  return TargetModel::load(tinyModel(model), options);
+  return TargetModel::load(test::referenceTarget(model), options);
 }
 
 /// Every layer and the logits of `ids` [B, T], without a cache (and without
@@ -67,7 +51,7 @@ TargetOutputs wholeSequence(const std::string &model, torch::ScalarType dtype,
                             const torch::Tensor &ids) {
   TargetModelOptions options;
   options.dtype = dtype;
-  const TargetModel target = TargetModel::load(tinyModel(model), options);
+  const TargetModel target = TargetModel::load(test::referenceTarget(model), options);
   TargetInputs in;
   in.inputIds = ids;
   in.computeLogits = true;
@@ -330,13 +314,9 @@ TEST(TargetCache, RejectsWhatItCannotServe) {
 TEST(GatedDelta, ContinuesFromAState) {
   // 37 tokens in calls of 20, 1 and 16 carry the state over: the outputs of
   // the whole sequence, the final state of the whole sequence.
-  torch::manual_seed(11);
   const int64_t batch = 2, length = 37;
-  const torch::Tensor q = torch::randn({batch, length, 2, 8}, torch::kDouble);
-  const torch::Tensor k = torch::randn({batch, length, 2, 8}, torch::kDouble);
-  const torch::Tensor v = torch::randn({batch, length, 6, 12}, torch::kDouble);
-  const torch::Tensor g = -torch::rand({batch, length, 6}, torch::kDouble) * 2;
-  const torch::Tensor beta = torch::rand({batch, length, 6}, torch::kDouble);
+  const test::RuleInputs in = test::randomGatedDelta(batch, length);
+  const torch::Tensor &q = in.q, &k = in.k, &v = in.v, &g = in.g, &beta = in.beta;
   const GatedDeltaResult whole = gatedDeltaRuleWithState(q, k, v, g, beta, {});
   EXPECT_TRUE(torch::equal(whole.output, gatedDeltaRule(q, k, v, g, beta)));
   EXPECT_EQ(whole.state.sizes(), torch::IntArrayRef({batch, 6, 8, 12}));

@@ -37,18 +37,7 @@ namespace fs = std::filesystem;
 
 /// The tiny Qwen3 target of target_reference.py (vocab 512, hidden 64, 3
 /// layers), made once for all tests.
-const std::string &targetDir() {
-  static TempDir dir;
-  static const std::string model = [] {
-    const auto script =
-        test::runPythonFile(std::string(DFLEX_TEST_SOURCE_DIR) + "/../models/python/target_reference.py",
-                            "--model qwen3 --out \"" + dir.path().string() + "\"");
-    if (script.exitCode != 0)
-      throw std::runtime_error("target_reference.py failed: " + script.output);
-    return dir.file("model");
-  }();
-  return model;
-}
+std::string targetDir() { return test::referenceTarget("qwen3"); }
 
 /// Samples a drafter can learn: arithmetic progressions of a few strides.
 std::vector<TokenSample> learnableSamples(size_t count, uint64_t seed) {
