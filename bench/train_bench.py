@@ -3,8 +3,9 @@
 (Qwen3-8B's attention: 32 query and 8 key/value heads of 128, its 151,936-token vocabulary) and a
 3-layer DFlash drafter, at the recipe's token budget (8192 context tokens, 512 blocks of 16).
 Prints tokens/s, the step-time breakdown and peak memory from the run's metrics.jsonl (the first
-log interval, warm-up, left out), the same for a drafter with a gated-delta first layer, then checks that an out-of-memory step is reported with the
-memory plan and a non-zero exit.
+log interval, warm-up, left out), the same for a drafter with a gated-delta first layer (through the
+dflex gated-delta op and by the LibTorch rule), then checks that an out-of-memory step is reported
+with the memory plan and a non-zero exit.
 
 usage: train_bench.py BUILD_DIR BUNDLES_DIR [--steps N]"""
 import argparse
@@ -125,21 +126,25 @@ if evaluated.returncode not in (0, 1):
 print("dflex-eval:", open(os.path.join(work, "eval.json")).read())
 
 # A drafter whose first layer is a gated-delta (linear_attention) layer, the rest as above, 60
-# updates: tokens/s against the all-attention drafter's of this call.
+# updates each: the layer through the dflex gated-delta op (bench/specs/bench_drafter_gated_delta)
+# and by the plain LibTorch rule, tokens/s against the all-attention drafter's of this call.
 attention_tokens_per_s = statistics.mean(l["tokens_per_s"] for l in measured)
-gdn = subprocess.run([train, "--config", config, "--plain", "--no-report", "--set",
-                      "drafter.layer_types=[linear_attention, full_attention, full_attention]",
-                      "train.max_steps=60", f"checkpoint.dir={work}/gdn"])
-if gdn.returncode != 0:
-    sys.exit(f"train_bench: the gated-delta drafter run exited {gdn.returncode}")
-lines = [json.loads(line) for line in open(os.path.join(work, "gdn", "metrics.jsonl"))]
-gdn_tokens_per_s = statistics.mean(l["tokens_per_s"] for l in lines[1:])
-print(f"\n| drafter [linear_attention, full_attention, full_attention], 60 updates | value |\n|---|---|")
-print(f"| tokens/s | {gdn_tokens_per_s:.0f} ({gdn_tokens_per_s / attention_tokens_per_s:.2f}x the all-attention drafter) |")
-for part in ("drafter_forward", "backward"):
-    print(f"| {part} ms / update | {statistics.mean(l['times_ms'][part] for l in lines[1:]):.1f} |")
-print(f"| peak memory (GiB) | {max(max(l['peak_memory_bytes'].values()) for l in lines[1:]) / 2**30:.2f} |")
-print(f"| loss first -> last interval | {lines[0]['loss']:.3f} -> {lines[-1]['loss']:.3f} |")
+for path, setting in (("the gated-delta op", f"kernels.drafter_gated_delta_bundle={args.bundles}/bench_drafter_gated_delta"),
+                      ("the LibTorch rule", 'kernels.drafter_gated_delta_spec=""')):
+    folder = f"{work}/gdn-" + path.split()[-1]
+    gdn = subprocess.run([train, "--config", config, "--plain", "--no-report", "--set",
+                          "drafter.layer_types=[linear_attention, full_attention, full_attention]",
+                          "train.max_steps=60", f"checkpoint.dir={folder}", setting])
+    if gdn.returncode != 0:
+        sys.exit(f"train_bench: the gated-delta drafter run by {path} exited {gdn.returncode}")
+    lines = [json.loads(line) for line in open(os.path.join(folder, "metrics.jsonl"))]
+    gdn_tokens_per_s = statistics.mean(l["tokens_per_s"] for l in lines[1:])
+    print(f"\n| drafter [linear_attention, full_attention, full_attention] by {path}, 60 updates | value |\n|---|---|")
+    print(f"| tokens/s | {gdn_tokens_per_s:.0f} ({gdn_tokens_per_s / attention_tokens_per_s:.2f}x the all-attention drafter) |")
+    for part in ("drafter_forward", "backward"):
+        print(f"| {part} ms / update | {statistics.mean(l['times_ms'][part] for l in lines[1:]):.1f} |")
+    print(f"| peak memory (GiB) | {max(max(l['peak_memory_bytes'].values()) for l in lines[1:]) / 2**30:.2f} |")
+    print(f"| loss first -> last interval | {lines[0]['loss']:.3f} -> {lines[-1]['loss']:.3f} |")
 
 # The same run as a launcher starts it (one rank): its collectives go through a real NCCL group.
 env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",

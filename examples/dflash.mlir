@@ -44,3 +44,10 @@ dflex.attention @drafter_attention mask @dflash heads(32, 8) head_dim(128, 128) 
 // The drafter of the embedded default (examples/default, scripts/run.sh on a
 // GPU): 3 query heads and 1 key/value head of 64, as its small target has.
 dflex.attention @default_drafter_attention mask @dflash heads(3, 1) head_dim(64, 64) : bf16
+
+// A drafter's gated-delta (linear_attention) layer with Qwen3.5's shapes for
+// a hidden size of 4096: 32 value heads, key and value dims 128. The
+// drafter's hook (drafterGatedDeltaHook) runs the layer's context runs and
+// blocks as varlen sequences, with q and k normalised before the op and the
+// key heads repeated to the value heads (heads(32, 32)).
+dflex.gated_delta @drafter_gated_delta heads(32, 32) dims(128, 128) gate(scalar_log) delta_rule varlen : bf16

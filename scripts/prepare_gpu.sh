@@ -13,7 +13,7 @@ mkdir -p "$root/.device/bundles"
 # specs, the model check (test/gpu/runtime/models.sh) the target models' specs.
 for spec in "$root"/examples/*.mlir "$root"/bench/specs/*.mlir \
             "$root"/test/runtime/gated_delta/gated_delta_specs.mlir \
-            "$root"/test/runtime/models/target_model_specs.mlir; do
+            "$root"/test/runtime/models/model_specs.mlir; do
   "$build/bin/dflex-compile" "$spec" --arch sm_90a --arch sm_120 --quiet \
     -o "$root/.device/bundles/$(basename "$spec" .mlir)"
 done

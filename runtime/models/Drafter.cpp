@@ -299,8 +299,45 @@ void DrafterGatedDeltaImpl::initialise(at::Generator &generator) {
   weights.norm.fill_(1.0);
 }
 
+Tensor drafterGatedDeltaRule(const DrafterGatedDeltaCall &call) {
+  const GatedDeltaRuleInputs &blocks = call.blocks;
+  const int64_t rows = blocks.v.size(0), runs = int64_t(call.runOffsets.size()) - 1;
+  std::vector<std::vector<int64_t>> members(size_t(std::max<int64_t>(runs, 0)));
+  for (int64_t block = 0; block < rows; ++block)
+    if (call.blockRun[size_t(block)] >= 0)
+      members.at(size_t(call.blockRun[size_t(block)])).push_back(block);
+  std::vector<Tensor> states{torch::zeros({1, blocks.v.size(2), blocks.q.size(3), blocks.v.size(3)},
+                                          blocks.v.options().dtype(computeType(blocks.v)))};
+  std::vector<int64_t> stateOf(size_t(rows), 0);
+  int64_t next = 1;
+  for (int64_t run = 0; run < runs; ++run) {
+    if (members[size_t(run)].empty())
+      continue;
+    const int64_t begin = call.runOffsets[size_t(run)];
+    auto piece = [&](const Tensor &x) {
+      return x.narrow(1, begin, call.runOffsets[size_t(run) + 1] - begin);
+    };
+    std::vector<int64_t> after;
+    for (int64_t block : members[size_t(run)])
+      after.push_back(call.blockAfter[size_t(block)]);
+    const GatedDeltaRuleInputs &in = call.context;
+    // Only the states are read: the keys stand in for the queries.
+    states.push_back(gatedDeltaRuleWithState(piece(in.k), piece(in.k), piece(in.v), piece(in.g),
+                                             piece(in.beta), Tensor(), {}, after)
+                         .states[0]);
+    for (int64_t block : members[size_t(run)])
+      stateOf[size_t(block)] = next++;
+  }
+  const Tensor initial = torch::cat(states).index_select(
+      0, torch::tensor(stateOf, torch::kLong).to(blocks.v.device()));
+  return gatedDeltaRuleWithState(blocks.q, blocks.k, blocks.v, blocks.g, blocks.beta, initial,
+                                 shortCallOptions(blocks.v.size(1)))
+      .output;
+}
+
 Tensor DrafterGatedDeltaImpl::forward(const Tensor &context, const Tensor &h,
-                                      const DFlashBlocks &blocks) const {
+                                      const DFlashBlocks &blocks,
+                                      const DrafterGatedDeltaFn &rule) const {
   const GatedDeltaConfig &g = config_;
   const int64_t count = blocks.anchors.size(1), blockSize = blocks.blockSize;
   if (context.dim() != 3 || h.dim() != 3 || h.size(0) != context.size(0) ||
@@ -314,10 +351,11 @@ Tensor DrafterGatedDeltaImpl::forward(const Tensor &context, const Tensor &h,
   const int64_t rows = batch * count; // every block of the batch, padding included
   const torch::Device device = context.device();
   const Tensor contextMixed = at::linear(context, weights.inProjQkv); // [B, T, C]
+  const int64_t width = contextMixed.size(2);
 
   // The context runs, one per (row, context start) of the valid blocks
-  // that see context: [start, the last anchor), with the states after
-  // each anchor - start tokens. Other blocks start from a zero state.
+  // that see context: [start, the last anchor). Other blocks start from a
+  // zero state.
   const Tensor anchors = blocks.anchors.to(torch::kCPU, torch::kLong).contiguous();
   const Tensor starts = blocks.contextStart.to(torch::kCPU, torch::kLong).contiguous();
   const Tensor valid = blocks.blockValid.to(torch::kCPU, torch::kBool).contiguous();
@@ -327,28 +365,32 @@ Tensor DrafterGatedDeltaImpl::forward(const Tensor &context, const Tensor &h,
   for (int64_t block = 0; block < rows; ++block)
     if (isValid[block] && anchor[block] > start[block])
       runs[{block / count, start[block]}].push_back(block);
-  std::vector<Tensor> states{torch::zeros({1, g.numValueHeads, g.keyHeadDim, g.valueHeadDim},
-                                          context.options().dtype(computeType(context)))};
-  std::vector<int64_t> stateOf(size_t(rows), 0);
-  int64_t next = 1;
+  std::vector<int64_t> runOffsets{0}, blockRun(size_t(rows), -1), blockAfter(size_t(rows), 0);
+  std::vector<int64_t> runTokens; // flattened B*T indices of the runs' tokens
   for (const auto &[run, members] : runs) {
     const int64_t row = run.first, runStart = run.second;
-    std::vector<int64_t> after;
-    for (int64_t block : members)
-      after.push_back(anchor[block] - runStart);
-    const int64_t length = *std::max_element(after.begin(), after.end());
-    auto piece = [&](const Tensor &x) { return x.narrow(0, row, 1).narrow(1, runStart, length); };
-    const Tensor convolved = causalDepthwiseConv(piece(contextMixed), weights.conv,
-                                                 TokenLayout::rows(1, length, device));
-    const GatedDeltaRuleInputs in = gatedDeltaRuleInputs(g, weights, convolved, piece(context));
-    // Only the states are read: the keys stand in for the queries.
-    states.push_back(
-        gatedDeltaRuleWithState(in.k, in.k, in.v, in.g, in.beta, Tensor(), {}, after).states[0]);
-    for (int64_t block : members)
-      stateOf[size_t(block)] = next++;
+    int64_t length = 0;
+    for (int64_t block : members) {
+      blockRun[size_t(block)] = int64_t(runOffsets.size()) - 1;
+      blockAfter[size_t(block)] = anchor[block] - runStart;
+      length = std::max(length, anchor[block] - runStart);
+    }
+    for (int64_t t = 0; t < length; ++t)
+      runTokens.push_back(row * contextLength + runStart + t);
+    runOffsets.push_back(runOffsets.back() + length);
   }
-  const Tensor initial =
-      torch::cat(states).index_select(0, torch::tensor(stateOf, torch::kLong).to(device));
+  GatedDeltaRuleInputs contextIn;
+  if (!runTokens.empty()) {
+    const Tensor index = torch::tensor(runTokens, torch::kLong).to(device);
+    auto gathered = [&](const Tensor &x) {
+      return x.reshape({-1, x.size(2)}).index_select(0, index).unsqueeze(0);
+    };
+    const Tensor convolved =
+        causalDepthwiseConv(gathered(contextMixed), weights.conv,
+                            TokenLayout::packed(torch::tensor(runOffsets, torch::kLong), 1,
+                                                runOffsets.back(), device));
+    contextIn = gatedDeltaRuleInputs(g, weights, convolved, gathered(context));
+  }
 
   // The blocks' convolution reads the Kc - 1 context inputs before the
   // anchor (zeros before the context start), then the block's.
@@ -359,7 +401,6 @@ Tensor DrafterGatedDeltaImpl::forward(const Tensor &context, const Tensor &h,
   const Tensor seen = positions >= blocks.contextStart.to(longs).unsqueeze(-1);
   // Rows padded in front by Kc - 1 zeros: position p of row b is padded row
   // b (T + Kc - 1) + p + Kc - 1.
-  const int64_t width = contextMixed.size(2);
   const Tensor padded =
       torch::constant_pad_nd(contextMixed, {0, 0, history, 0}).reshape({-1, width});
   const Tensor flat = positions + history +
@@ -372,9 +413,8 @@ Tensor DrafterGatedDeltaImpl::forward(const Tensor &context, const Tensor &h,
                                                TokenLayout::rows(rows, history + blockSize, device))
                               .narrow(1, history, blockSize);
   const GatedDeltaRuleInputs in = gatedDeltaRuleInputs(g, weights, convolved, x);
-  const Tensor core = gatedDeltaRuleWithState(in.q, in.k, in.v, in.g, in.beta, initial,
-                                              shortCallOptions(blockSize))
-                          .output;
+  const DrafterGatedDeltaCall call{contextIn, runOffsets, blockRun, blockAfter, in};
+  const Tensor core = rule ? rule(call) : drafterGatedDeltaRule(call);
   const Tensor blockValid = blocks.blockValid.to(device, x.scalar_type()).view({rows, 1, 1});
   return (gatedDeltaOutput(g, weights, core, x, eps_) * blockValid)
       .view({batch, count * blockSize, -1});
@@ -495,6 +535,8 @@ void DFlashDrafterImpl::setAttention(std::shared_ptr<const DrafterAttention> att
   attention_ = std::move(attention);
 }
 
+void DFlashDrafterImpl::setGatedDelta(DrafterGatedDeltaFn rule) { gatedDelta_ = std::move(rule); }
+
 Tensor DFlashDrafterImpl::forward(const DrafterInputs &in) {
   const TransformerConfig &c = config_.model;
   if (!embedTokens_.defined())
@@ -533,7 +575,7 @@ Tensor DFlashDrafterImpl::forward(const DrafterInputs &in) {
     DrafterLayerImpl &layer = *layerList_[i];
     const Tensor h = layer.input_layernorm(x);
     if (layer.linear_attn) {
-      x = x + layer.linear_attn(context, h, in.blocks);
+      x = x + layer.linear_attn->forward(context, h, in.blocks, gatedDelta_);
     } else {
       DrafterSelfAttentionImpl &attn = *layer.self_attn;
       const Tensor keyInput = torch::cat({context, h}, 1);

@@ -32,11 +32,10 @@ Tensor gatedDeltaRule(const Tensor &q, const Tensor &k, const Tensor &v, const T
   return gatedDeltaRuleWithState(q, k, v, g, beta, Tensor(), options).output;
 }
 
-GatedDeltaResult gatedDeltaRuleWithState(const Tensor &q, const Tensor &k, const Tensor &v,
-                                         const Tensor &g, const Tensor &beta,
-                                         const Tensor &initialState,
-                                         const GatedDeltaOptions &options,
-                                         const std::vector<int64_t> &statesAfter) {
+namespace {
+
+void checkRuleInputs(const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &g,
+                     const Tensor &beta) {
   if (q.dim() != 4 || k.sizes() != q.sizes() || v.dim() != 4 || v.size(0) != q.size(0) ||
       v.size(1) != q.size(1) || q.size(2) == 0 || v.size(2) % q.size(2) != 0 ||
       g.sizes() != v.sizes().slice(0, 3) || beta.sizes() != g.sizes())
@@ -44,6 +43,76 @@ GatedDeltaResult gatedDeltaRuleWithState(const Tensor &q, const Tensor &k, const
                       "a multiple of Hk, g and beta [B, T, Hv], got q " +
                       shapeOf(q) + ", k " + shapeOf(k) + ", v " + shapeOf(v) + ", g " +
                       shapeOf(g) + ", beta " + shapeOf(beta));
+}
+
+/// The terms of the chunked algorithm for chunks of C tokens: query, key
+/// [B, Hv, n, C, Dk], betas [B, Hv, n, C, 1], gamma [B, Hv, n, C] (the
+/// cumulative log decay within each chunk).
+struct ChunkTerms {
+  Tensor decay;        ///< [.., C, C]: exp(gamma_i - gamma_j) for j <= i, else 0
+  Tensor system;       ///< its strictly lower part is A of (I + A) u = ...
+  Tensor stateReads;   ///< (I + A)^-1 beta exp(gamma) k: how u reads the chunk's initial state
+  Tensor intra;        ///< (q_i . k_j) decay[i, j]
+  Tensor decayedQuery; ///< exp(gamma_i) q_i
+};
+
+ChunkTerms chunkTerms(const Tensor &query, const Tensor &key, const Tensor &betas,
+                      const Tensor &gamma) {
+  const int64_t chunk = gamma.size(-1);
+  const Tensor lower = torch::ones({chunk, chunk}, torch::TensorOptions(torch::kBool)
+                                                       .device(query.device()))
+                           .tril();
+  ChunkTerms t;
+  t.decay =
+      (gamma.unsqueeze(-1) - gamma.unsqueeze(-2)).masked_fill(lower.logical_not(), -INFINITY).exp();
+  const Tensor keyT = key.transpose(-1, -2);
+  // Within a chunk, the values written to the state solve
+  // (I + A) u = beta v - beta exp(gamma) k S_0 with A[i, j] = beta_i
+  // exp(gamma_i - gamma_j) k_i.k_j strictly below the diagonal (the
+  // unit-triangular solve ignores the diagonal).
+  t.system = torch::matmul(key * betas, keyT) * t.decay;
+  t.stateReads = torch::linalg_solve_triangular(t.system, key * betas * gamma.exp().unsqueeze(-1),
+                                                /*upper=*/false, /*left=*/true,
+                                                /*unitriangular=*/true);
+  t.intra = torch::matmul(query, keyT) * t.decay;
+  t.decayedQuery = query * gamma.exp().unsqueeze(-1);
+  return t;
+}
+
+} // namespace
+
+Tensor perValueHead(const Tensor &x, int64_t valueHeads, const GatedDeltaOptions &options) {
+  Tensor y = repeatHeads(x, valueHeads / x.size(2)).to(computeType(x));
+  return options.qkL2Norm ? y * torch::rsqrt(y.pow(2).sum(-1, true) + 1e-6) : y;
+}
+
+Tensor initialStateQueries(const Tensor &q, const Tensor &k, const Tensor &g, const Tensor &beta,
+                           const GatedDeltaOptions &options) {
+  if (q.dim() != 4 || k.sizes() != q.sizes() || g.dim() != 3 || g.sizes() != beta.sizes() ||
+      g.size(0) != q.size(0) || g.size(1) != q.size(1) || q.size(2) == 0 ||
+      g.size(2) % q.size(2) != 0)
+    throw FormatError("gated delta rule: expected q, k [B, T, Hk, Dk], g and beta [B, T, Hv] with "
+                      "Hv a multiple of Hk, got q " +
+                      shapeOf(q) + ", k " + shapeOf(k) + ", g " + shapeOf(g) + ", beta " +
+                      shapeOf(beta));
+  const int64_t heads = g.size(2);
+  // One chunk of all T tokens: [B, Hv, 1, T, D].
+  auto chunked = [](const Tensor &x) { return x.transpose(1, 2).unsqueeze(2); };
+  const torch::ScalarType wide = computeType(q);
+  const Tensor query = chunked(perValueHead(q, heads, options));
+  const Tensor key = chunked(perValueHead(k, heads, options));
+  const ChunkTerms t = chunkTerms(query, key, chunked(beta.to(wide)).unsqueeze(-1),
+                                  chunked(g.to(wide)).cumsum(-1));
+  // o_i's part through S_0: exp(gamma_i) q_i S_0 - sum_j intra[i, j] stateReads_j S_0.
+  return (t.decayedQuery - torch::matmul(t.intra, t.stateReads)).squeeze(2).transpose(1, 2);
+}
+
+GatedDeltaResult gatedDeltaRuleWithState(const Tensor &q, const Tensor &k, const Tensor &v,
+                                         const Tensor &g, const Tensor &beta,
+                                         const Tensor &initialState,
+                                         const GatedDeltaOptions &options,
+                                         const std::vector<int64_t> &statesAfter) {
+  checkRuleInputs(q, k, v, g, beta);
   if (initialState.defined() &&
       initialState.sizes() != torch::IntArrayRef({q.size(0), v.size(2), q.size(3), v.size(3)}))
     throw FormatError("gated delta rule: the initial state must be [B, Hv, Dk, Dv] = " +
@@ -53,7 +122,7 @@ GatedDeltaResult gatedDeltaRuleWithState(const Tensor &q, const Tensor &k, const
     throw FormatError("gated delta rule: chunk size must be positive");
   const torch::ScalarType wide = computeType(q);
   const int64_t batch = q.size(0), length = q.size(1), keyDim = q.size(3);
-  const int64_t heads = v.size(2), valueDim = v.size(3), groups = heads / q.size(2);
+  const int64_t heads = v.size(2), valueDim = v.size(3);
   const int64_t chunk = options.chunkSize;
   const int64_t padding = (chunk - length % chunk) % chunk;
   const int64_t chunks = (length + padding) / chunk;
@@ -66,43 +135,24 @@ GatedDeltaResult gatedDeltaRuleWithState(const Tensor &q, const Tensor &k, const
   auto perHeadScalar = [&](const Tensor &x) {
     return torch::constant_pad_nd(x.to(wide).transpose(1, 2), {0, padding});
   };
-  Tensor query = repeatHeads(q, groups).to(wide);
-  Tensor key = repeatHeads(k, groups).to(wide);
-  if (options.qkL2Norm) {
-    query = query * torch::rsqrt(query.pow(2).sum(-1, true) + 1e-6);
-    key = key * torch::rsqrt(key.pow(2).sum(-1, true) + 1e-6);
-  }
-  query = query * (options.scale > 0 ? options.scale : 1.0 / std::sqrt(double(keyDim)));
+  const double scale = options.scale > 0 ? options.scale : 1.0 / std::sqrt(double(keyDim));
   const std::vector<int64_t> chunked{batch, heads, chunks, chunk};
   auto withDim = [&](int64_t dim) {
     return std::vector<int64_t>{batch, heads, chunks, chunk, dim};
   };
-  query = perHead(query).reshape(withDim(keyDim));
-  key = perHead(key).reshape(withDim(keyDim));
+  const Tensor query = perHead(perValueHead(q, heads, options) * scale).reshape(withDim(keyDim));
+  const Tensor key = perHead(perValueHead(k, heads, options)).reshape(withDim(keyDim));
   const Tensor value = perHead(v).reshape(withDim(valueDim));
   const Tensor betas = perHeadScalar(beta).reshape(chunked).unsqueeze(-1);
   // Cumulative log decay within each chunk: gamma_t = g_1 + ... + g_t.
   const Tensor gamma = perHeadScalar(g).reshape(chunked).cumsum(-1);
-
-  // decay[i, j] = exp(gamma_i - gamma_j) for j <= i, else 0.
-  const Tensor lower = torch::ones({chunk, chunk}, torch::TensorOptions(torch::kBool)
-                                                       .device(q.device()))
-                           .tril();
-  const Tensor decay =
-      (gamma.unsqueeze(-1) - gamma.unsqueeze(-2)).masked_fill(lower.logical_not(), -INFINITY).exp();
+  const ChunkTerms terms = chunkTerms(query, key, betas, gamma);
+  const Tensor &decay = terms.decay, &stateReads = terms.stateReads, &intra = terms.intra;
   const Tensor keyT = key.transpose(-1, -2);
-  // Within a chunk, the values written to the state solve
-  // (I + A) u = beta v - beta exp(gamma) k S_0 with A[i, j] = beta_i
-  // exp(gamma_i - gamma_j) k_i.k_j strictly below the diagonal (the
-  // unit-triangular solve ignores the diagonal).
-  const Tensor system = torch::matmul(key * betas, keyT) * decay;
   const Tensor newValues =
-      torch::linalg_solve_triangular(system, value * betas, /*upper=*/false, /*left=*/true,
+      torch::linalg_solve_triangular(terms.system, value * betas, /*upper=*/false, /*left=*/true,
                                      /*unitriangular=*/true);
-  const Tensor stateReads = torch::linalg_solve_triangular(
-      system, key * betas * gamma.exp().unsqueeze(-1), false, true, true);
-  const Tensor intra = torch::matmul(query, keyT) * decay;
-  const Tensor decayedQuery = query * gamma.exp().unsqueeze(-1);
+  const Tensor &decayedQuery = terms.decayedQuery;
   const Tensor last = gamma.narrow(-1, chunk - 1, 1);
   const Tensor decayedKeyT = (key * (last - gamma).exp().unsqueeze(-1)).transpose(-1, -2);
   const Tensor chunkDecay = last.exp().unsqueeze(-1); // [B, Hv, n, 1, 1]

@@ -387,6 +387,7 @@ models::DFlashDrafter buildDrafter(const TrainingPlan &plan, const models::Targe
         KernelBundle::openCached(c.drafterBundle), c.drafterFullSpec,
         sliding ? c.drafterSlidingSpec : std::string()));
   }
+  drafter->setGatedDelta(drafterGatedDeltaKernels(plan));
   return drafter;
 }
 

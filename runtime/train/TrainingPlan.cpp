@@ -5,6 +5,7 @@
 #include "dflex/runtime/bundle/KernelBundle.h"
 #include "dflex/runtime/checkpoint/SafeTensors.h"
 #include "dflex/runtime/models/Drafter.h"
+#include "dflex/runtime/models/KernelHooks.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -16,6 +17,12 @@ namespace {
 
 [[noreturn]] void fail(const std::string &key, const std::string &problem) {
   throw FormatError("config: " + key + ": " + problem);
+}
+
+/// Whether the drafter's linear_attention layers run through the dflex
+/// gated-delta op (drafterGatedDeltaKernels).
+bool gatedDeltaThroughOp(const TrainConfig &c, torch::Device drafterDevice) {
+  return drafterDevice.is_cuda() && !c.drafterGatedDeltaSpec.empty();
 }
 
 torch::ScalarType dtypeOf(const std::string &name) {
@@ -162,7 +169,7 @@ void checkAttentionSpec(const KernelBundle &bundle, const std::string &key, cons
 void checkBundles(const TrainingPlan &plan) {
   const TrainConfig &c = plan.config;
   const TransformerConfig &d = plan.drafter.model;
-  // Gated-delta layers run in LibTorch: a drafter of only those needs no bundle.
+  drafterGatedDeltaKernels(plan);
   if (plan.drafterDevice.is_cuda() && d.numLayersOf(LayerKind::LinearAttention) < d.numHiddenLayers) {
     if (c.drafterBundle.empty())
       fail("kernels.drafter_bundle", "is required on CUDA: compile the drafter's attention "
@@ -238,19 +245,33 @@ std::vector<DeviceMemoryPlan> memoryPlan(const TrainingPlan &p) {
   uint64_t activations = attentionLayer * attentionLayers + (T * n * H + 2 * T * H) * ds;
   if (d.gatedDelta) {
     // Per gated-delta layer: the projections, convolution and gated norm of
-    // the context and the blocks; the chunked rule's per-token tensors and
-    // 64 x 64 decays (float32); a state per chunk of the context; and per
-    // block its state at the anchor, the copy gathered for the blocks' run
-    // and the chunk's weighted keys [Dk, 64] per value head behind it.
+    // the context and the blocks, then the rule's part.
     const GatedDeltaConfig &g = *d.gatedDelta;
     const uint64_t Hv = uint64_t(g.numValueHeads), Dk = uint64_t(g.keyHeadDim), Dv = uint64_t(g.valueHeadDim);
     const uint64_t C = 2 * uint64_t(g.numKeyHeads) * Dk + Hv * Dv, chunk = 64;
     const uint64_t layers = uint64_t(d.numLayersOf(LayerKind::LinearAttention));
-    const uint64_t layer = (Q * (8 * H + 3 * I + 3 * C + 3 * Hv * Dv) + T * 3 * C) * ds +
-                           (T + Q) * Hv * (4 * Dk + 3 * Dv + 3 * chunk) * 4 + (T / chunk + 1) * Hv * Dk * Dv * 4;
-    activations += layer * layers;
-    drafter.parts.push_back({"gated-delta states at the anchors (float32)",
-                             layers * uint64_t(c.maxAnchors) * Hv * Dk * (2 * Dv + chunk) * 4});
+    const uint64_t N = uint64_t(c.maxAnchors);
+    activations += layers * (Q * (8 * H + 3 * I + 3 * C + 3 * Hv * Dv) + T * 3 * C) * ds;
+    if (gatedDeltaThroughOp(c, p.drafterDevice)) {
+      // The op's call over the runs and 2 K tokens per block (probes and
+      // the block): its bf16 inputs, float32 gates and betas, its
+      // per-token workspace (w, u, delta and their gradient, decays) and per
+      // chunk (a run's 64 tokens or a block) the inverse and the bf16 state
+      // and its gradient.
+      const uint64_t tokens = T + 2 * Q, chunks = (T + Q) / chunk + 2 * N;
+      drafter.parts.push_back({"gated-delta op inputs and workspace",
+                               layers * (tokens * Hv * (2 * (2 * Dk + Dv) + 8 + 12 + 2 * Dk + 6 * Dv) +
+                                         chunks * Hv * (chunk * chunk * 2 + 4 * Dk * Dv))});
+    } else {
+      // The chunked LibTorch rule's per-token tensors and 64 x 64 decays
+      // (float32); a state per chunk of the context; and per block its
+      // state at the anchor, the copy gathered for the blocks' run and the
+      // chunk's weighted keys [Dk, 64] per value head behind it.
+      activations += layers * ((T + Q) * Hv * (4 * Dk + 3 * Dv + 3 * chunk) * 4 +
+                               (T / chunk + 1) * Hv * Dk * Dv * 4);
+      drafter.parts.push_back({"gated-delta states at the anchors (float32)",
+                               layers * N * Hv * Dk * (2 * Dv + chunk) * 4});
+    }
   }
   drafter.parts.push_back({"drafter activations kept for backward", activations});
   if (!p.drafterDevice.is_cuda())
@@ -266,6 +287,27 @@ std::vector<DeviceMemoryPlan> memoryPlan(const TrainingPlan &p) {
 }
 
 } // namespace
+
+models::DrafterGatedDeltaFn drafterGatedDeltaKernels(const TrainingPlan &plan) {
+  const TrainConfig &c = plan.config;
+  const TransformerConfig &d = plan.drafter.model;
+  if (!d.numLayersOf(LayerKind::LinearAttention) || !gatedDeltaThroughOp(c, plan.drafterDevice))
+    return {};
+  const std::string &bundle = c.drafterGatedDeltaBundle.empty() ? c.drafterBundle : c.drafterGatedDeltaBundle;
+  if (bundle.empty())
+    fail("kernels.drafter_gated_delta_bundle",
+         "is required on CUDA for linear_attention layers (or kernels.drafter_bundle): compile the "
+         "drafter's gated-delta spec (examples/dflash.mlir's drafter_gated_delta, with the layers' "
+         "heads) with dflex-compile, or set kernels.drafter_gated_delta_spec to \"\" for plain LibTorch");
+  if (plan.drafterDtype != torch::kBFloat16)
+    fail("drafter.dtype", "the drafter's CUDA kernels run in bfloat16");
+  try {
+    return models::drafterGatedDeltaHook(GatedDeltaBundle::openCached(bundle), c.drafterGatedDeltaSpec,
+                                         *d.gatedDelta);
+  } catch (const FormatError &error) {
+    fail("kernels.drafter_gated_delta_spec", error.what());
+  }
+}
 
 uint64_t DeviceMemoryPlan::total() const {
   uint64_t sum = 0;
@@ -367,7 +409,10 @@ std::string TrainingPlan::describe() const {
   if (d.gatedDelta)
     out << ", gated-delta heads " << d.gatedDelta->numKeyHeads << " x " << d.gatedDelta->keyHeadDim
         << " / " << d.gatedDelta->numValueHeads << " x " << d.gatedDelta->valueHeadDim << ", conv "
-        << d.gatedDelta->convKernelDim;
+        << d.gatedDelta->convKernelDim
+        << (gatedDeltaThroughOp(config, drafterDevice)
+                ? " (gated-delta op, spec " + config.drafterGatedDeltaSpec + ")"
+                : " (LibTorch rule)");
   out << ", intermediate " << d.intermediateSize << ", block " << drafter.dflash.blockSize
       << ", target layers [";
   for (size_t i = 0; i < drafter.dflash.targetLayerIds.size(); ++i)

@@ -15,14 +15,14 @@
 #   test/gpu/runtime/models.sh BUILD_DIR BUNDLES_DIR
 # BUILD_DIR is a runtime build (configured here, or reconfigured, with
 # -DDFLEX_BUILD_TESTS=ON when it has no model tests); BUNDLES_DIR holds
-# target_model_specs/, dflash/ and dflash_sliding_window/, as
+# model_specs/, dflash/ and dflash_sliding_window/, as
 # scripts/prepare_gpu.sh makes them. Needs torch and transformers in python3.
 # Prints one "[ gpu parity ]" line per model; exit status 0 only when every
 # check ran and passed.
 set -euo pipefail
 build=${1:?usage: models.sh BUILD_DIR BUNDLES_DIR}
 bundles=${2:?usage: models.sh BUILD_DIR BUNDLES_DIR}
-for bundle in target_model_specs dflash dflash_sliding_window; do
+for bundle in model_specs dflash dflash_sliding_window; do
   if [ ! -f "$bundles/$bundle/manifest.json" ]; then
     echo "models.sh: no bundle $bundles/$bundle (scripts/prepare_gpu.sh makes it)" >&2
     exit 2

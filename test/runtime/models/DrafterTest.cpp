@@ -10,7 +10,9 @@
 #include "dflex/Support/Error.h"
 #include "dflex/runtime/support/Random.h"
 #include "dflex/runtime/checkpoint/SafeTensors.h"
+#include "dflex/runtime/bundle/GatedDeltaBundle.h"
 #include "dflex/runtime/models/Drafter.h"
+#include "dflex/runtime/models/KernelHooks.h"
 #include "dflex/runtime/models/TargetModel.h"
 #include "dflex/runtime/train/DrafterInputs.h"
 
@@ -305,11 +307,22 @@ DFlashBlocks edgeBlocks() {
   return blocks;
 }
 
-/// The tiny config's gated-delta layer in float64, every parameter random
+/// The tiny config of one gated-delta layer.
+TransformerConfig tinyGatedDelta() { return tinyDrafterConfig(R"("linear_attention")").model; }
+
+/// The same with the shapes of model_specs.mlir's drafter_gated_delta
+/// spec, which the CUDA kernels take: 1 key head and 2 value heads of 64.
+TransformerConfig opShapedGatedDelta() {
+  TransformerConfig config = tinyGatedDelta();
+  config.gatedDelta = GatedDeltaConfig{1, 2, 64, 64, 3};
+  return config;
+}
+
+/// A gated-delta layer of `config` in float64, every parameter random
 /// (no zeros; decays between exp(-0.2) and ~1 per token so that a long
 /// context still counts).
-DrafterGatedDelta randomGatedDeltaLayer() {
-  DrafterGatedDelta layer(tinyDrafterConfig(R"("linear_attention")").model);
+DrafterGatedDelta randomGatedDeltaLayer(const TransformerConfig &config = tinyGatedDelta()) {
+  DrafterGatedDelta layer(config);
   layer->to(torch::kDouble);
   torch::manual_seed(21);
   torch::NoGradGuard noGrad;
@@ -330,8 +343,8 @@ DrafterGatedDelta randomGatedDeltaLayer() {
 /// it (test::sequentialGatedDelta), the last K outputs through the gated
 /// norm and out_proj; padding blocks 0.
 torch::Tensor referenceGatedDelta(const DrafterGatedDeltaImpl &layer, const torch::Tensor &context,
-                                  const torch::Tensor &h, const DFlashBlocks &blocks) {
-  const GatedDeltaConfig g = *tinyDrafterConfig(R"("linear_attention")").model.gatedDelta;
+                                  const torch::Tensor &h, const DFlashBlocks &blocks,
+                                  const GatedDeltaConfig &g = *tinyGatedDelta().gatedDelta) {
   const GatedDeltaWeights &w = layer.weights;
   const int64_t keyWidth = g.numKeyHeads * g.keyHeadDim, taps = g.convKernelDim;
   std::vector<torch::Tensor> rows;
@@ -473,40 +486,118 @@ TEST(DrafterGatedDelta, GradientsMatchTheReferenceAndFiniteDifferences) {
             << std::setprecision(12) << difference << " vs " << projected << "\n";
 }
 
+namespace {
+
+/// The layer's output and the gradients of sum(out * weights) with respect
+/// to context, h and every parameter.
+std::vector<torch::Tensor> outputAndGradients(DrafterGatedDeltaImpl &layer,
+                                              const GatedDeltaProblem &p,
+                                              const DrafterGatedDeltaFn &rule = {}) {
+  layer.zero_grad();
+  const torch::Tensor context = p.context.detach().requires_grad_();
+  const torch::Tensor h = p.h.detach().requires_grad_();
+  const torch::Tensor out = layer.forward(context, h, p.blocks, rule);
+  (out * p.weights).sum().backward();
+  std::vector<torch::Tensor> results{out.detach(), context.grad(), h.grad()};
+  for (const torch::Tensor &parameter : layer.parameters())
+    results.push_back(parameter.grad().clone());
+  return results;
+}
+
+/// drafterGatedDeltaHook with a spec of model_specs.mlir, else empty.
+DrafterGatedDeltaFn opRule(const std::string &spec = "drafter_gated_delta",
+                           const GatedDeltaConfig &layers = *opShapedGatedDelta().gatedDelta) {
+  const std::string bundle = test::modelSpecsBundle();
+  return bundle.empty() ? DrafterGatedDeltaFn()
+                        : drafterGatedDeltaHook(GatedDeltaBundle::openCached(bundle), spec, layers);
+}
+
+} // namespace
+
+TEST(DrafterGatedDelta, ThroughTheOpMatchesThePerTokenRecurrenceAndItsGradients) {
+  // The op's float64 reference on the CPU: the probes that read each
+  // block's anchor state, the blocks from zero states, their sum.
+  const DrafterGatedDeltaFn rule = opRule();
+  if (!rule)
+    GTEST_SKIP() << "no model_specs bundle (build dflex-compile, or set DFLEX_MODEL_BUNDLES)";
+  const TransformerConfig config = opShapedGatedDelta();
+  DrafterGatedDelta layer = randomGatedDeltaLayer(config);
+  const GatedDeltaProblem p = gatedDeltaProblem();
+  {
+    torch::NoGradGuard noGrad;
+    const torch::Tensor out = layer->forward(p.context, p.h, p.blocks, rule);
+    const torch::Tensor expected =
+        referenceGatedDelta(*layer, p.context, p.h, p.blocks, *config.gatedDelta);
+    EXPECT_GT(expected.abs().max().item<double>(), 0.1);
+    EXPECT_LE(relativeError(out, expected), 1e-12);
+    std::cout << "[ parity   ] gated-delta drafter layer through the op (float64 reference) "
+                 "against the per-token recurrence: "
+              << relativeError(out, expected) << "\n";
+  }
+  const auto ours = outputAndGradients(*layer, p, rule);
+  const auto libtorch = outputAndGradients(*layer, p);
+  double worst = 0;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_GT(libtorch[i].abs().max().item<double>(), 0) << i;
+    worst = std::max(worst, relativeError(ours[i], libtorch[i]));
+  }
+  EXPECT_LE(worst, 1e-11);
+  std::cout << "[ gradient ] gated-delta drafter layer through the op against the LibTorch rule: "
+               "worst relative error "
+            << worst << " over " << ours.size() << " tensors\n";
+}
+
+TEST(DrafterGatedDelta, TheOpHookRefusesSpecsThatCannotServeTheLayers) {
+  if (test::modelSpecsBundle().empty())
+    GTEST_SKIP() << "no model_specs bundle";
+  // The target's spec normalises q and k in the kernel; the drafter's is
+  // for 2 value heads of 64, not the tiny layers' 4 of 8 and 6.
+  expectError<FormatError>([] { opRule("qwen3_5_gated_delta"); },
+                           {"spec 'qwen3_5_gated_delta'", "without qk_l2norm"});
+  expectError<FormatError>([] { opRule("drafter_gated_delta", *tinyGatedDelta().gatedDelta); },
+                           {"is heads(2, 2) dims(64, 64)", "need heads(4, 4) dims(8, 6)"});
+}
+
 TEST(DrafterCuda, GatedDeltaLayerMatchesTheFloat64CpuRun) {
   if (!torch::cuda::is_available())
     GTEST_SKIP() << "needs a CUDA device";
   const GatedDeltaProblem p = gatedDeltaProblem();
-  // Output and every gradient of the layer in `dtype` on `device`.
-  auto run = [&](torch::Device device, torch::ScalarType dtype) {
-    DrafterGatedDelta layer = randomGatedDeltaLayer();
+  // Output and every gradient of a layer of `config` in `dtype` on `device`.
+  auto run = [&](const TransformerConfig &config, torch::Device device, torch::ScalarType dtype,
+                 const DrafterGatedDeltaFn &rule) {
+    DrafterGatedDelta layer = randomGatedDeltaLayer(config);
     layer->to(device, dtype);
-    DFlashBlocks blocks = p.blocks;
-    for (torch::Tensor *t : {&blocks.anchors, &blocks.contextStart, &blocks.blockValid})
+    GatedDeltaProblem there;
+    there.blocks = p.blocks;
+    for (torch::Tensor *t : {&there.blocks.anchors, &there.blocks.contextStart, &there.blocks.blockValid})
       *t = t->to(device);
-    const torch::Tensor context = p.context.detach().to(device, dtype).requires_grad_();
-    const torch::Tensor h = p.h.detach().to(device, dtype).requires_grad_();
-    const torch::Tensor out = layer->forward(context, h, blocks);
-    EXPECT_EQ(out.device().type(), device.type());
-    (out.to(torch::kDouble) * p.weights.to(device)).sum().backward();
-    std::vector<torch::Tensor> results{out.detach(), context.grad(), h.grad()};
-    for (const torch::Tensor &parameter : layer->parameters())
-      results.push_back(parameter.grad());
+    there.context = p.context.detach().to(device, dtype);
+    there.h = p.h.detach().to(device, dtype);
+    there.weights = p.weights.to(device, dtype);
+    const auto results = outputAndGradients(*layer, there, rule);
+    EXPECT_EQ(results[0].device().type(), device.type());
     return results;
   };
-  // The same runs on the CPU: float32 2.3e-6, bfloat16 4.1e-2.
-  const auto expected = run(torch::kCPU, torch::kDouble);
-  for (const auto &[dtype, tolerance] :
-       {std::pair{torch::kFloat, 1e-4}, std::pair{torch::kBFloat16, 8e-2}}) {
-    const auto ours = run(torch::kCUDA, dtype);
+  auto compare = [&](const TransformerConfig &config, torch::ScalarType dtype, double tolerance,
+                     const DrafterGatedDeltaFn &rule, const std::string &path) {
+    const auto expected = run(config, torch::kCPU, torch::kDouble, {});
+    const auto ours = run(config, torch::kCUDA, dtype, rule);
     double worst = 0;
     for (size_t i = 0; i < ours.size(); ++i)
       worst = std::max(worst, relativeError(ours[i], expected[i]));
-    EXPECT_LE(worst, tolerance) << c10::toString(dtype);
-    std::cout << "[ gpu parity ] gated-delta drafter layer in " << c10::toString(dtype)
-              << " on CUDA against float64 on the CPU: worst of output and gradients " << worst
-              << "\n";
-  }
+    EXPECT_LE(worst, tolerance) << c10::toString(dtype) << " " << path;
+    std::cout << "[ gpu parity ] gated-delta drafter layer " << path << " in "
+              << c10::toString(dtype) << " on CUDA against float64 on the CPU: worst of output and "
+              << "gradients " << worst << "\n";
+  };
+  // The LibTorch rule on CUDA: float32 2.3e-6, bfloat16 4.1e-2.
+  compare(tinyGatedDelta(), torch::kFloat, 1e-4, {}, "by the LibTorch rule");
+  compare(tinyGatedDelta(), torch::kBFloat16, 8e-2, {}, "by the LibTorch rule");
+  // The dflex gated-delta op's kernels (bf16 inputs, fp32 state).
+  const DrafterGatedDeltaFn rule = opRule();
+  if (!rule)
+    GTEST_SKIP() << "needs the model_specs bundle (DFLEX_MODEL_BUNDLES)";
+  compare(opShapedGatedDelta(), torch::kBFloat16, 8e-2, rule, "through the gated-delta op");
 }
 
 TEST(Drafter, GatedDeltaLayersUseQwen35NamesAndReloadIdentically) {

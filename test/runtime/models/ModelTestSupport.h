@@ -99,10 +99,10 @@ inline std::string exampleBundle(const std::string &name) {
   return bundleIn(bundleFolder("DFLEX_ATTENTION_BUNDLES", kBuiltAttentionBundles), name);
 }
 
-/// The bundle of target_model_specs.mlir from $DFLEX_MODEL_BUNDLES or this
+/// The bundle of model_specs.mlir from $DFLEX_MODEL_BUNDLES or this
 /// build, else empty.
-inline std::string targetSpecsBundle() {
-  return bundleIn(bundleFolder("DFLEX_MODEL_BUNDLES", kBuiltModelBundles), "target_model_specs");
+inline std::string modelSpecsBundle() {
+  return bundleIn(bundleFolder("DFLEX_MODEL_BUNDLES", kBuiltModelBundles), "model_specs");
 }
 
 } // namespace dflex::runtime::test

@@ -362,6 +362,26 @@ TEST(GatedDelta, StatesAfterChosenTokensAreThePrefixesFinalStates) {
   expectError<FormatError>([&] { rule(37, {38}); }, {"a state after 38 tokens", "the call has 37"});
 }
 
+TEST(GatedDelta, InitialStateQueriesReadTheStatesShareOfTheOutput) {
+  // 19 tokens (across the rule's 16-token chunks) from a random state S_0:
+  // the output less the zero-state output is scale * S_0^T q~, per value
+  // head of a grouped call (6 value heads over 2 key heads).
+  const test::RuleInputs in = test::randomGatedDelta(2, 19);
+  const torch::Tensor initial = torch::randn({2, 6, 8, 12}, torch::kDouble);
+  GatedDeltaOptions options;
+  options.chunkSize = 16;
+  const torch::Tensor fromState =
+      gatedDeltaRuleWithState(in.q, in.k, in.v, in.g, in.beta, initial, options).output;
+  const torch::Tensor fromZero = gatedDeltaRule(in.q, in.k, in.v, in.g, in.beta, options);
+  const torch::Tensor queries = initialStateQueries(in.q, in.k, in.g, in.beta);
+  ASSERT_EQ(queries.sizes(), torch::IntArrayRef({2, 19, 6, 8}));
+  const torch::Tensor read = torch::einsum("bhkv,bthk->bthv", {initial, queries}) / std::sqrt(8.0);
+  EXPECT_LE(relativeError(fromZero + read, fromState), 1e-12);
+  EXPECT_GT((fromState - fromZero).abs().max().item<double>(), 1e-3);
+  expectError<FormatError>([&] { initialStateQueries(in.q, in.k, in.g.narrow(2, 0, 5), in.beta); },
+                           {"g and beta [B, T, Hv]", "g [2, 19, 5]"});
+}
+
 TEST(CausalAttention, TheLastQueriesOverAPrefixAreTheWholeRowsQueries) {
   torch::manual_seed(5);
   const int64_t batch = 2, length = 29;

@@ -143,7 +143,7 @@ struct HookCalls {
   bool onModelDevice = true;
 };
 
-/// `options` with the dflex ops of target_model_specs.mlir as the hooks of
+/// `options` with the dflex ops of model_specs.mlir as the hooks of
 /// target_reference.py's `model` (qwen3_gpu or qwen3_5_gpu), counting calls.
 TargetModelOptions withKernelHooks(TargetModelOptions options, const std::string &bundle,
                                    const std::string &model,
@@ -183,10 +183,10 @@ void expectEveryLayerHooked(const std::string &model, const HookCalls &calls, in
 /// gated-delta hook is the model's own rule there): the results stay within
 /// the tolerances of the plain model.
 void expectHookedParityOnCpu(const std::string &model) {
-  const std::string bundle = test::targetSpecsBundle();
+  const std::string bundle = test::modelSpecsBundle();
   if (bundle.empty())
-    GTEST_SKIP() << "no target_model_specs bundle (build dflex-compile, or set "
-                    "DFLEX_MODEL_BUNDLES to a folder holding target_model_specs/)";
+    GTEST_SKIP() << "no model_specs bundle (build dflex-compile, or set "
+                    "DFLEX_MODEL_BUNDLES to a folder holding model_specs/)";
   TempDir dir;
   writeReference(model, dir);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
@@ -233,9 +233,9 @@ AttentionProblem randomAttention(int64_t length, int64_t heads, int64_t kvHeads,
 } // namespace
 
 TEST(TargetModelHooks, AttentionHookIsTheModelsAttention) {
-  const std::string bundle = test::targetSpecsBundle();
+  const std::string bundle = test::modelSpecsBundle();
   if (bundle.empty())
-    GTEST_SKIP() << "no target_model_specs bundle";
+    GTEST_SKIP() << "no model_specs bundle";
   const SelfAttentionFn hook = attentionHook(KernelBundle::openCached(bundle), "qwen3_attention", "qwen3_sliding_attention");
   const AttentionProblem p = randomAttention(37, 4, 2, 128);
   const double scale = 1.0 / std::sqrt(128.0);
@@ -253,9 +253,9 @@ TEST(TargetModelHooks, AttentionHookIsTheModelsAttention) {
 }
 
 TEST(TargetModelHooks, AttentionHookRefusesWhatItCannotServe) {
-  const std::string bundle = test::targetSpecsBundle();
+  const std::string bundle = test::modelSpecsBundle();
   if (bundle.empty())
-    GTEST_SKIP() << "no target_model_specs bundle";
+    GTEST_SKIP() << "no model_specs bundle";
   // Specs in the wrong role, or whose mask is not the model's.
   expectError<FormatError>([&] { attentionHook(KernelBundle::openCached(bundle), "qwen3_sliding_attention"); },
                            {"spec 'qwen3_sliding_attention'", "captures a window",
@@ -314,7 +314,7 @@ TEST(TargetModelHooks, AttentionHookTakesOnlyTheModelsKindOfMask) {
 }
 
 // --- On a GPU ------------------------------------------------------------------------
-// Skipped without a CUDA device or the target_model_specs bundle
+// Skipped without a CUDA device or the model_specs bundle
 // ($DFLEX_MODEL_BUNDLES; test/gpu/runtime/models.sh).
 
 namespace {
@@ -340,9 +340,9 @@ double transformersBfloat16Error(const TempDir &dir) {
 /// bfloat16 and in float32, both within twice bfloat16's own error (at
 /// least the CPU tolerance).
 void expectKernelParity(const std::string &model) {
-  const std::string bundle = test::targetSpecsBundle();
+  const std::string bundle = test::modelSpecsBundle();
   if (!torch::cuda::is_available() || bundle.empty())
-    GTEST_SKIP() << "needs a CUDA device and the target_model_specs bundle (DFLEX_MODEL_BUNDLES)";
+    GTEST_SKIP() << "needs a CUDA device and the model_specs bundle (DFLEX_MODEL_BUNDLES)";
   TempDir dir;
   writeReference(model, dir, "cuda");
   ASSERT_FALSE(::testing::Test::HasFatalFailure());

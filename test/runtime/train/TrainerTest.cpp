@@ -157,9 +157,16 @@ TEST(Trainer, AMixedDrafterWithAGatedDeltaLayerLearns) {
     parameters += p.numel();
   EXPECT_EQ(plan.drafterParameters, uint64_t(parameters));
   EXPECT_NE(plan.describe().find("gated-delta states at the anchors"), std::string::npos) << plan.describe();
-  // On CUDA, only attention layers need the drafter's bundle.
-  EXPECT_NO_THROW(planTraining(tinyConfig(
-      data, dir.file("run"), {"drafter.layer_types=[linear_attention, linear_attention]", "devices=[cuda]"})));
+  // On CUDA the gated-delta layers need a bundle of the op's spec too,
+  // unless the spec is "" (the LibTorch rule); then only attention layers
+  // need the drafter's bundle.
+  const std::string gatedOnly = "drafter.layer_types=[linear_attention, linear_attention]";
+  test::expectError<FormatError>(
+      [&] { planTraining(tinyConfig(data, dir.file("run"), {gatedOnly, "devices=[cuda]"})); },
+      {"kernels.drafter_gated_delta_bundle: is required on CUDA", "drafter_gated_delta_spec"});
+  const TrainingPlan libtorch = planTraining(tinyConfig(
+      data, dir.file("run"), {gatedOnly, "devices=[cuda]", "kernels.drafter_gated_delta_spec=\"\""}));
+  EXPECT_NE(libtorch.describe().find("conv 4 (LibTorch rule)"), std::string::npos) << libtorch.describe();
 
   const TrainResult result = train(plan, {});
   // The first 3 steps against the last 10 (13.2 -> 6.9; two full-attention

@@ -7,7 +7,7 @@ NAME is qwen3 (dense, untied head), qwen3_variant (tied embeddings, q/k/v/o
 biases, sliding-window layers, YaRN RoPE) or qwen3_5 (hybrid: gated-delta and
 gated full-attention layers, grouped value heads, sharded checkpoint); or
 qwen3_gpu and qwen3_5_gpu, with the head dims the dflex kernels take (the
-specs of ../target_model_specs.mlir): Qwen3 with heads of 128 and
+specs of ../model_specs.mlir): Qwen3 with heads of 128 and
 sliding-window layers, Qwen3.5 with attention heads of 64 and gated-delta
 key and value heads of 128.
 

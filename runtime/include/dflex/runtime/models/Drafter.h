@@ -31,6 +31,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -144,6 +145,27 @@ public:
 };
 TORCH_MODULE(SwiGluMlp);
 
+/// One gated delta rule call of a drafter's gated-delta layer: the rule's
+/// inputs (GatedDeltaLayer.h; q and k not yet L2-normalised) of the context
+/// runs, one after another in one row ([1, Tc, ...]; their q is not read),
+/// and of the blocks, one per row ([rows, K, ...]). Every run starts from a
+/// zero state; block i continues from the state run blockRun[i] reaches
+/// after its first blockAfter[i] tokens (>= 1), or from a zero state where
+/// blockRun[i] is -1. Returns the blocks' outputs [rows, K, Hv, Dv].
+struct DrafterGatedDeltaCall {
+  const GatedDeltaRuleInputs &context;
+  /// [R + 1]: run r is context tokens [runOffsets[r], runOffsets[r + 1]).
+  const std::vector<int64_t> &runOffsets;
+  const std::vector<int64_t> &blockRun, &blockAfter;
+  const GatedDeltaRuleInputs &blocks;
+};
+using DrafterGatedDeltaFn = std::function<torch::Tensor(const DrafterGatedDeltaCall &)>;
+
+/// Plain LibTorch on any device: each run once, with the states after its
+/// blocks' anchors (gatedDeltaRuleWithState's statesAfter), then all blocks
+/// together from their states.
+torch::Tensor drafterGatedDeltaRule(const DrafterGatedDeltaCall &call);
+
 /// The token mixer of a gated-delta drafter layer: Qwen3.5's
 /// linear-attention layer (GatedDeltaLayer.h; parameters in_proj_qkv,
 /// in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias, A_log, norm, out_proj)
@@ -156,17 +178,19 @@ TORCH_MODULE(SwiGluMlp);
 /// keys and values from (hidden_norm(fc(features)), not normed again per
 /// layer); the block's are the layer's normed input. Padding blocks get 0.
 ///
-/// Each (row, context start) runs its context once, and the states at all
-/// its blocks' anchors come from that run (gatedDeltaRuleWithState's
-/// statesAfter); then all blocks run together from their states. Plain
-/// LibTorch on every device, with autograd through both parts.
+/// Each (row, context start) runs its context once, and every block of it
+/// continues from the state after its anchor (DrafterGatedDeltaCall); the
+/// rule is the drafter's DrafterGatedDeltaFn: plain LibTorch
+/// (drafterGatedDeltaRule) by default, the dflex gated-delta op through
+/// drafterGatedDeltaHook (KernelHooks.h). Autograd through both parts.
 class DrafterGatedDeltaImpl : public torch::nn::Module {
 public:
   /// Needs config.gatedDelta.
   explicit DrafterGatedDeltaImpl(const TransformerConfig &config);
-  /// context [B, T, H], h [B, N*K, H] -> [B, N*K, H].
+  /// context [B, T, H], h [B, N*K, H] -> [B, N*K, H], the rule by `rule`
+  /// (empty: drafterGatedDeltaRule).
   torch::Tensor forward(const torch::Tensor &context, const torch::Tensor &h,
-                        const DFlashBlocks &blocks) const;
+                        const DFlashBlocks &blocks, const DrafterGatedDeltaFn &rule = {}) const;
   /// transformers' initialisation of Qwen3.5's layer: linear and
   /// convolution weights normal(0, 0.02), A_log = log U(0, 16), dt_bias and
   /// norm 1.
@@ -240,6 +264,9 @@ public:
 
   /// The attention every layer calls (default: DenseDrafterAttention).
   void setAttention(std::shared_ptr<const DrafterAttention> attention);
+  /// The gated delta rule of every gated-delta layer (default:
+  /// drafterGatedDeltaRule).
+  void setGatedDelta(DrafterGatedDeltaFn rule);
 
   /// Final-normed hidden states of the block positions: [B, N, K, H].
   torch::Tensor forward(const DrafterInputs &inputs);
@@ -258,6 +285,7 @@ private:
   RotaryEmbedding rotary_;
   std::vector<std::shared_ptr<DrafterLayerImpl>> layerList_;
   std::shared_ptr<const DrafterAttention> attention_;
+  DrafterGatedDeltaFn gatedDelta_;
   torch::Tensor embedTokens_, lmHead_;
 };
 TORCH_MODULE(DFlashDrafter);

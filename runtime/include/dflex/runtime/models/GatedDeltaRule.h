@@ -64,6 +64,23 @@ GatedDeltaResult gatedDeltaRuleWithState(const torch::Tensor &q, const torch::Te
                                          const GatedDeltaOptions &options = {},
                                          const std::vector<int64_t> &statesAfter = {});
 
+/// q or k as the rule reads them: repeated to `valueHeads` heads (key head h
+/// serving value heads [h * Hv/Hk, (h + 1) * Hv/Hk)), in the compute type,
+/// L2-normalised under options.qkL2Norm. [B, T, Hk, D] -> [B, T, Hv, D].
+torch::Tensor perValueHead(const torch::Tensor &x, int64_t valueHeads,
+                           const GatedDeltaOptions &options = {});
+
+/// The queries through which a call's outputs read its initial state: with
+/// S_0 that state, the output of gatedDeltaRuleWithState is
+/// scale * S_0^T q~_t plus the output of the same call from a zero state
+/// (the state is affine in S_0). q, k [B, T, Hk, Dk], g and beta [B, T, Hv];
+/// returns q~ [B, T, Hv, Dk] in the compute type, q and k L2-normalised
+/// first under options.qkL2Norm, the scale left out. All T tokens form one
+/// chunk (for short calls: a drafter block).
+torch::Tensor initialStateQueries(const torch::Tensor &q, const torch::Tensor &k,
+                                  const torch::Tensor &g, const torch::Tensor &beta,
+                                  const GatedDeltaOptions &options = {});
+
 /// gatedDeltaRule over the sequences of `layout`: each segment of a packed
 /// row starts from a zero state.
 torch::Tensor gatedDeltaRule(const torch::Tensor &q, const torch::Tensor &k,

@@ -1,12 +1,14 @@
-// The target models' hooks through the dflex ops: a layer's causal
-// self-attention by the attention op, a Qwen3.5 layer's gated delta rule by
-// the gated-delta op (TargetModelOptions, models/TargetModel.h). CUDA calls
-// run the bundle's kernels, CPU calls the ops' float64 references (or the
-// plain LibTorch recurrence).
+// The models' hooks through the dflex ops: a target layer's causal
+// self-attention by the attention op, a Qwen3.5 target layer's gated delta
+// rule by the gated-delta op (TargetModelOptions, models/TargetModel.h), a
+// drafter's gated-delta layers by the gated-delta op (DFlashDrafter's
+// setGatedDelta). CUDA calls run the bundle's kernels, CPU calls the ops'
+// float64 references (or the plain LibTorch recurrence).
 #pragma once
 
 #include "dflex/runtime/bundle/GatedDeltaBundle.h"
 #include "dflex/runtime/bundle/KernelBundle.h"
+#include "dflex/runtime/models/Drafter.h"
 #include "dflex/runtime/models/TargetModel.h"
 
 #include <memory>
@@ -38,5 +40,22 @@ SelfAttentionFn attentionHook(const std::shared_ptr<const KernelBundle> &bundle,
 GatedDeltaFn gatedDeltaHook(const std::shared_ptr<const GatedDeltaBundle> &bundle,
                             const std::string &specName);
 
+/// A DFlashDrafter::setGatedDelta rule through the gated-delta op, on CUDA
+/// tensors by the spec's kernels and on CPU tensors by its float64
+/// reference: one varlen call over the context runs and the blocks. A block
+/// reads the state after its anchor through its initial-state queries
+/// (initialStateQueries): they run as K probe tokens inserted into the
+/// context run after the anchor (k, v, beta and g zero there, so the state
+/// passes them unchanged), and the block's tokens run as a sequence of their
+/// own from a zero state; the block's output is the sum of the two. The spec
+/// must have gate scalar_log, delta_rule and varlen, no qk_l2norm (the hook
+/// normalises q and k: the probes' queries are not unit vectors), no
+/// in_kernel_gate, scale 1/sqrt(Dk), and heads(Hv, Hv) with the layers' dims
+/// (the probes' queries are per value head, so the hook repeats the key
+/// heads). Throws FormatError naming the bundle and the spec when it cannot
+/// serve `layers`.
+DrafterGatedDeltaFn drafterGatedDeltaHook(const std::shared_ptr<const GatedDeltaBundle> &bundle,
+                                          const std::string &specName,
+                                          const GatedDeltaConfig &layers);
 
 } // namespace dflex::runtime::models

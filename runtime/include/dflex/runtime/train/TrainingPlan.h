@@ -9,6 +9,7 @@
 
 #include "dflex/runtime/checkpoint/ModelConfig.h"
 #include "dflex/runtime/distributed/DataParallel.h"
+#include "dflex/runtime/models/Drafter.h"
 #include "dflex/runtime/train/TrainConfig.h"
 
 #include <torch/types.h>
@@ -52,6 +53,12 @@ TrainingPlan planTraining(const TrainConfig &config, const RankEnvironment &rank
 /// Throws FormatError (naming the key, the GPUs needed and those visible)
 /// when the plan's devices are not among the `visibleGpus` GPUs.
 void checkDevicesExist(const TrainingPlan &plan, int64_t visibleGpus);
+
+/// The rule of the drafter's linear_attention layers through the dflex
+/// gated-delta op (models::drafterGatedDeltaHook) when they run on CUDA and
+/// kernels.drafter_gated_delta_spec is set, else empty (plain LibTorch).
+/// Throws FormatError naming the key when the bundle or spec cannot serve.
+models::DrafterGatedDeltaFn drafterGatedDeltaKernels(const TrainingPlan &plan);
 
 /// Parameters of a drafter of `config` (fc, norms, layers), whose context
 /// features are `numTargetLayers` states of width `targetHidden`.

@@ -1,9 +1,11 @@
-// The kernels of the tiny target models that the model tests run through
-// the dflex ops (python/target_reference.py --model qwen3_gpu / qwen3_5_gpu):
-// the attention of their full and sliding-window layers and the gated delta
-// rule of Qwen3.5's linear-attention layers, as attentionHook and
-// gatedDeltaHook take them (docs/models.md). CPU tests run them through the
-// ops' float64 paths; test/gpu/runtime/models.sh through the CUDA kernels.
+// The kernels of the tiny models that the model tests run through the dflex
+// ops: of the targets (python/target_reference.py --model qwen3_gpu /
+// qwen3_5_gpu) the attention of their full and sliding-window layers and the
+// gated delta rule of Qwen3.5's linear-attention layers, as attentionHook and
+// gatedDeltaHook take them, and the gated delta rule of a drafter's
+// gated-delta layer, as drafterGatedDeltaHook takes it (docs/models.md). CPU
+// tests run them through the ops' float64 paths; test/gpu/runtime/models.sh
+// through the CUDA kernels.
 //
 // Attention masks are document-causal over packed rows: document_ids[b, t]
 // names the sequence of token t (the hook passes the TokenLayout's segments),
@@ -39,6 +41,11 @@ dflex.attention @qwen3_sliding_attention mask @document_sliding_window heads(4, 
 dflex.attention @qwen3_5_attention mask @document_causal heads(4, 2) head_dim(64, 64) : bf16
 dflex.gated_delta @qwen3_5_gated_delta heads(2, 4) dims(128, 128) gate(scalar_log)
     delta_rule qk_l2norm varlen : bf16
+
+// The drafter's gated-delta layer of DrafterTest.cpp: 1 key head, 2 value
+// heads of 64; its hook repeats the key heads (heads(2, 2)) and normalises q
+// and k itself.
+dflex.gated_delta @drafter_gated_delta heads(2, 2) dims(64, 64) gate(scalar_log) delta_rule varlen : bf16
 
 // A window one key too wide (q - kv <= window), for the test that the hook
 // refuses a mask other than the model's.
