@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 
+from train_common import make_data, make_qwen3_target
+
 parser = argparse.ArgumentParser()
 parser.add_argument("build")
 parser.add_argument("bundles")
@@ -27,38 +29,8 @@ train = os.path.join(args.build, "bin", "dflex-train")
 work = tempfile.mkdtemp(prefix="dflex-train-bench-")
 
 
-def make_target(directory):
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    config = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                         num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=8,
-                         head_dim=128, max_position_embeddings=40960, tie_word_embeddings=False,
-                         rope_theta=1000000.0, torch_dtype="bfloat16")
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(directory, safe_serialization=True)
-
-
-def make_data(path, samples=2000):
-    """Chat-length samples (200 to 2000 tokens) with a learnable structure: runs of arithmetic
-    progressions; the first quarter of each is the prompt, outside the loss."""
-    rng = random.Random(0)
-    with open(path, "w") as f:
-        for _ in range(samples):
-            length = rng.randrange(200, 2000)
-            ids, start = [], rng.randrange(150000)
-            while len(ids) < length:
-                stride = rng.randrange(1, 7)
-                ids += [(start + stride * i) % 151000 for i in range(rng.randrange(8, 64))]
-                start = rng.randrange(150000)
-            ids = ids[:length]
-            mask = [int(i >= length // 4) for i in range(length)]
-            f.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
-
-
 start = time.time()
-make_target(os.path.join(work, "target"))
+make_qwen3_target(os.path.join(work, "target"), layers=8, hidden=1024, intermediate=3072)
 make_data(os.path.join(work, "data.jsonl"))
 print(f"target and data made in {time.time() - start:.0f} s", flush=True)
 

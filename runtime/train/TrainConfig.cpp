@@ -74,6 +74,8 @@ const std::vector<TrainConfigKey> &trainConfigKeys() {
        "bundle directory (dflex-compile) of the drafter's attention; required on CUDA for attention layers"},
       {"kernels.drafter_full_spec", &T::drafterFullSpec, "its spec for full_attention layers"},
       {"kernels.drafter_sliding_spec", &T::drafterSlidingSpec, "its spec for sliding_attention layers"},
+      {"kernels.drafter_sliding_bundle", &T::drafterSlidingBundle,
+       "bundle of that spec (examples/dflash_sliding_window.mlir); empty: kernels.drafter_bundle"},
       {"kernels.drafter_gated_delta_bundle", &T::drafterGatedDeltaBundle,
        "bundle of the drafter's linear_attention (gated delta) layers on CUDA; empty: kernels.drafter_bundle"},
       {"kernels.drafter_gated_delta_spec", &T::drafterGatedDeltaSpec,

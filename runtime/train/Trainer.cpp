@@ -385,7 +385,7 @@ models::DFlashDrafter buildDrafter(const TrainingPlan &plan, const models::Targe
     const bool sliding = d.slidingWindow.has_value();
     drafter->setAttention(std::make_shared<models::BundleDrafterAttention>(
         KernelBundle::openCached(c.drafterBundle), c.drafterFullSpec,
-        sliding ? c.drafterSlidingSpec : std::string()));
+        sliding ? c.drafterSlidingSpec : std::string(), drafterSlidingBundle(c)));
   }
   drafter->setGatedDelta(drafterGatedDeltaKernels(plan));
   return drafter;
@@ -437,6 +437,28 @@ std::string dryRun(const TrainingPlan &plan) {
   return plan.describe() + "data: " + data.path() + ": " + std::to_string(rows) +
          " rows per epoch, every sample valid; " +
          std::to_string(totalUpdates(plan.config, rows, plan.ranks.worldSize)) + " updates\n";
+}
+
+std::string batchFileName(int64_t update, int rank, int64_t micro) {
+  char name[96];
+  std::snprintf(name, sizeof name, "batch-%08lld-rank%d-micro%lld.safetensors", static_cast<long long>(update),
+                rank, static_cast<long long>(micro));
+  return name;
+}
+
+void writeTrainingBatch(const std::string &path, const TrainingBatch &batch) {
+  saveSafeTensors(path, {{"tokens", batch.tokens},
+                         {"position_ids", batch.positionIds},
+                         {"document_ids", batch.documentIds},
+                         {"loss_mask", batch.lossMask},
+                         {"cu_seqlens", batch.cuSeqlens},
+                         {"anchors", batch.anchors},
+                         {"block_valid", batch.blockValid},
+                         {"context_start", batch.contextStart},
+                         {"block_tokens", batch.blockTokens},
+                         {"block_position_ids", batch.blockPositionIds},
+                         {"labels", batch.labels},
+                         {"weights", batch.weights}});
 }
 
 TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
@@ -513,12 +535,19 @@ TrainResult train(const TrainingPlan &plan, const TrainerOptions &options) {
     DataCursor cursorAfter; // where the data stands once this update is done
     double dataMs = 0;
   };
+  if (options.writeBatches)
+    fs::create_directories(*options.writeBatches);
+  int64_t updatesRead = state.step;
   auto readUpdate = [&] {
     const Clock::time_point start = Clock::now();
     Update update;
+    ++updatesRead;
     for (int64_t micro = 0; micro < c.gradAccumulation; ++micro) {
       const PackedRow row = data.next();
       update.microBatches.push_back(makeTrainingBatch({row}, blocks, mixSeed(uint64_t(c.seed), data.rowKey())));
+      if (options.writeBatches)
+        writeTrainingBatch((fs::path(*options.writeBatches) / batchFileName(updatesRead, ranks.rank(), micro)).string(),
+                           update.microBatches.back());
       pipeline.submit(update.microBatches.back());
     }
     update.cursorAfter = data.cursor();

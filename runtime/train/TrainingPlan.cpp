@@ -179,11 +179,12 @@ void checkBundles(const TrainingPlan &plan) {
     const auto bundle = KernelBundle::openCached(c.drafterBundle);
     checkAttentionSpec(*bundle, "kernels.drafter_full_spec", c.drafterFullSpec, d.numAttentionHeads,
                        d.numKeyValueHeads, d.headDim);
+    const auto slidingBundle = drafterSlidingBundle(c);
     if (d.slidingWindow)
-      checkAttentionSpec(*bundle, "kernels.drafter_sliding_spec", c.drafterSlidingSpec,
+      checkAttentionSpec(*slidingBundle, "kernels.drafter_sliding_spec", c.drafterSlidingSpec,
                          d.numAttentionHeads, d.numKeyValueHeads, d.headDim);
     const models::BundleDrafterAttention attention(bundle, c.drafterFullSpec,
-                                                   d.slidingWindow ? c.drafterSlidingSpec : "");
+                                                   d.slidingWindow ? c.drafterSlidingSpec : "", slidingBundle);
     try {
       attention.checkMask(plan.drafter.dflash.blockSize);
     } catch (const FormatError &error) {
@@ -287,6 +288,10 @@ std::vector<DeviceMemoryPlan> memoryPlan(const TrainingPlan &p) {
 }
 
 } // namespace
+
+std::shared_ptr<const KernelBundle> drafterSlidingBundle(const TrainConfig &c) {
+  return KernelBundle::openCached(c.drafterSlidingBundle.empty() ? c.drafterBundle : c.drafterSlidingBundle);
+}
 
 models::DrafterGatedDeltaFn drafterGatedDeltaKernels(const TrainingPlan &plan) {
   const TrainConfig &c = plan.config;

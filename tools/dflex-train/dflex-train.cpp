@@ -64,7 +64,7 @@ int runReporting(const std::function<void()> &body) {
 
 int main(int argc, char **argv) {
   CLI::App app{"dflex-train: trains a DFlash drafter (docs/train.md)"};
-  std::string configPath, resume;
+  std::string configPath, resume, writeBatches;
   std::vector<std::string> overrides;
   bool checkOnly = false, plain = false, noReport = false, checkpointInitial = false;
   app.add_option("--config", configPath, "YAML config file (every key has a default)");
@@ -77,6 +77,9 @@ int main(int argc, char **argv) {
   app.add_flag("--no-report", noReport, "do not render plots and TensorBoard scalars (dflex-report)");
   app.add_flag("--checkpoint-initial", checkpointInitial,
                "also checkpoint the untrained drafter as step 0 (a baseline for dflex-eval)");
+  app.add_option("--write-batches", writeBatches,
+                 "also write every micro-step's batch to this directory (safetensors), for a trainer run "
+                 "side by side");
   app.footer("Configuration keys (YAML sections before the dot; --set takes the dotted name):\n" +
              describeTrainConfigKeys());
   CLI11_PARSE(app, argc, argv);
@@ -98,6 +101,8 @@ int main(int argc, char **argv) {
   options.progressBar = !plain && isatty(STDOUT_FILENO);
   options.stop = &stopRequested;
   options.checkpointInitial = checkpointInitial;
+  if (!writeBatches.empty())
+    options.writeBatches = writeBatches;
   const std::string logDir = plan.config.logDir.empty() ? plan.config.checkpointDir : plan.config.logDir;
   if (!noReport)
     options.afterCheckpoint = [&] { runReport(logDir); };

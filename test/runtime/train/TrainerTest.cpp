@@ -192,10 +192,13 @@ TEST(Trainer, AResumedRunIsBitwiseTheUninterruptedOne) {
   const std::string data = writeDataset(dir, learnableSamples(30, 2));
   const std::vector<std::string> settings = {"optimizer.grad_accumulation=2", "train.max_steps=14",
                                              "checkpoint.interval=5"};
-  train(planTraining(tinyConfig(data, dir.file("whole"), settings)), {});
+  TrainerOptions writing;
+  writing.writeBatches = dir.file("whole-batches");
+  train(planTraining(tinyConfig(data, dir.file("whole"), settings)), writing);
 
   std::atomic<bool> stop{false};
   TrainerOptions interrupted;
+  interrupted.writeBatches = dir.file("parts-batches");
   interrupted.stop = &stop;
   interrupted.afterCheckpoint = [&] { stop = true; };
   const TrainResult first = train(planTraining(tinyConfig(data, dir.file("parts"), settings)), interrupted);
@@ -203,6 +206,7 @@ TEST(Trainer, AResumedRunIsBitwiseTheUninterruptedOne) {
   EXPECT_EQ(first.steps, 5);
   TrainerOptions resumed;
   resumed.resume = "latest";
+  resumed.writeBatches = dir.file("parts-batches");
   const TrainResult second = train(planTraining(tinyConfig(data, dir.file("parts"), settings)), resumed);
   EXPECT_EQ(second.steps, 14);
 
@@ -221,6 +225,31 @@ TEST(Trainer, AResumedRunIsBitwiseTheUninterruptedOne) {
   for (const SafeTensorInfo &info : whole14.tensors())
     if (info.name != "rng.torch_cpu")
       EXPECT_TRUE(torch::equal(whole14.tensor(info.name), parts14.tensor(info.name))) << info.name;
+
+  // The batches each run wrote: one file per micro-step, the resumed run's
+  // continuing the interrupted one's, byte for byte the uninterrupted run's;
+  // a block's labels are the tokens after its anchor.
+  for (int64_t update = 1; update <= 14; ++update)
+    for (int64_t micro = 0; micro < 2; ++micro) {
+      const std::string name = batchFileName(update, 0, micro);
+      ASSERT_TRUE(fs::exists(dir.file("parts-batches") + "/" + name)) << name;
+      EXPECT_TRUE(test::readBytes(dir.file("whole-batches") + "/" + name) ==
+                  test::readBytes(dir.file("parts-batches") + "/" + name))
+          << name;
+    }
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.file("whole-batches")), fs::directory_iterator()), 28);
+  const SafeTensorsFile batch = SafeTensorsFile::open(dir.file("whole-batches") + "/" + batchFileName(9, 0, 1));
+  const torch::Tensor tokens = batch.tensor("tokens"), anchors = batch.tensor("anchors");
+  const torch::Tensor labels = batch.tensor("labels"), weights = batch.tensor("weights");
+  EXPECT_EQ(tokens.sizes(), torch::IntArrayRef({1, 64}));
+  int64_t checked = 0;
+  for (int64_t n = 0; n < anchors.size(1); ++n)
+    for (int64_t k = 0; k < labels.size(2); ++k)
+      if (weights[0][n][k].item<float>() > 0) {
+        EXPECT_EQ(labels[0][n][k].item<int64_t>(), tokens[0][anchors[0][n].item<int64_t>() + k].item<int64_t>());
+        ++checked;
+      }
+  EXPECT_GT(checked, 0);
 }
 
 TEST(Trainer, ResumingWithAnotherConfigurationIsRefusedNamingTheKey) {

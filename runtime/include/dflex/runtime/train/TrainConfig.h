@@ -50,6 +50,7 @@ struct TrainConfig {
   std::string drafterBundle;
   std::string drafterFullSpec = "drafter_attention";
   std::string drafterSlidingSpec = "drafter_sliding_window_attention";
+  std::string drafterSlidingBundle; // empty: drafterBundle
   std::string drafterGatedDeltaBundle; // empty: drafterBundle
   std::string drafterGatedDeltaSpec = "drafter_gated_delta"; // empty: plain LibTorch
   std::string targetBundle; // empty: the target's attention in plain LibTorch

@@ -7,6 +7,7 @@
 // cursor, config). docs/train.md.
 #pragma once
 
+#include "dflex/runtime/data/Batching.h"
 #include "dflex/runtime/train/TrainingPlan.h"
 
 #include <atomic>
@@ -40,7 +41,21 @@ struct TrainerOptions {
   /// Also checkpoint the initialised drafter, as step 0, before the first
   /// update of a new run: the untrained baseline of an evaluation.
   bool checkpointInitial = false;
+  /// Also write every micro-step's batch, as this rank draws it, to
+  /// `<writeBatches>/<batchFileName(update, rank, micro)>` (writeTrainingBatch):
+  /// the exact inputs of the run, for another trainer to run side by side.
+  std::optional<std::string> writeBatches;
 };
+
+/// "batch-00000001-rank0-micro0.safetensors": micro-step `micro` of update
+/// `update` (from 1) on `rank`.
+std::string batchFileName(int64_t update, int rank, int64_t micro);
+
+/// Writes `batch` atomically as safetensors under the snake_case names of
+/// its members (tokens, position_ids, document_ids, loss_mask, cu_seqlens,
+/// anchors, block_valid, context_start, block_tokens, block_position_ids,
+/// labels, weights).
+void writeTrainingBatch(const std::string &path, const TrainingBatch &batch);
 
 struct TrainResult {
   int64_t steps = 0;          ///< updates done (skipped ones included)

@@ -7,6 +7,7 @@
 // the config key.
 #pragma once
 
+#include "dflex/runtime/bundle/KernelBundle.h"
 #include "dflex/runtime/checkpoint/ModelConfig.h"
 #include "dflex/runtime/distributed/DataParallel.h"
 #include "dflex/runtime/models/Drafter.h"
@@ -15,6 +16,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +55,10 @@ TrainingPlan planTraining(const TrainConfig &config, const RankEnvironment &rank
 /// Throws FormatError (naming the key, the GPUs needed and those visible)
 /// when the plan's devices are not among the `visibleGpus` GPUs.
 void checkDevicesExist(const TrainingPlan &plan, int64_t visibleGpus);
+
+/// The bundle of the drafter's sliding-window spec: kernels.drafter_sliding_bundle,
+/// else kernels.drafter_bundle.
+std::shared_ptr<const KernelBundle> drafterSlidingBundle(const TrainConfig &config);
 
 /// The rule of the drafter's linear_attention layers through the dflex
 /// gated-delta op (models::drafterGatedDeltaHook) when they run on CUDA and
