@@ -7,7 +7,8 @@ dflex-train (bench/recipe_bench.py):
                       --weight-decay 0.01 --grad-clip 1.0 --gamma 7 --max-anchors 512]
 
 - the target: transformers' model in bfloat16 with SDPA attention, the packed row's documents kept
-  apart by a 4-D attention mask, the hidden states of the drafter's target layers from
+  apart by a 4-D attention mask (a hybrid target's documents run one by one: its gated-delta layers
+  would carry their state across them), the hidden states of the drafter's target layers from
   output_hidden_states, no gradients;
 - the drafter (DFlash: fc + hidden_norm over the concatenated target states, Qwen3 decoder layers
   whose keys and values are the context's and the block's, a final norm) in PyTorch, float32
@@ -23,8 +24,8 @@ dflex-train (bench/recipe_bench.py):
 It starts from the drafter dflex-train wrote with --checkpoint-initial and reads the batches it wrote
 with --write-batches (the same rows, anchors and labels), so the losses of the first steps must agree
 with dflex-train's within bfloat16 rounding. --out gets one JSON line per step: loss, the step's
-seconds and its parts (target forward, drafter forward and loss, backward, optimizer), context tokens,
-peak memory."""
+gradient norm (before clipping), seconds and its parts (target forward, drafter forward and loss,
+backward, optimizer), context tokens, peak memory."""
 import argparse
 import glob
 import json
@@ -73,12 +74,31 @@ def document_causal_mask(document_ids):
     return ((same & causal & (document_ids >= 0)[:, :, None]) | padding)[:, None]
 
 
+# transformers' gated-delta layers carry their state across a packed row's documents: a hybrid
+# target runs each document on its own, as a trainer without packing feeds it.
+hybrid = "linear_attention" in (getattr(target.config, "layer_types", None) or [])
+
+
 @torch.no_grad()
 def target_features(batch, layer_ids):
-    out = target.model(input_ids=batch["tokens"], position_ids=batch["position_ids"],
-                       attention_mask=document_causal_mask(batch["document_ids"]),
-                       output_hidden_states=True, use_cache=False)
-    return torch.cat([out.hidden_states[l + 1] for l in layer_ids], -1)
+    def states(tokens, positions, mask=None):
+        out = target.model(input_ids=tokens, position_ids=positions, attention_mask=mask,
+                           output_hidden_states=True, use_cache=False)
+        return torch.cat([out.hidden_states[l + 1] for l in layer_ids], -1)
+
+    if not hybrid:
+        return states(batch["tokens"], batch["position_ids"], document_causal_mask(batch["document_ids"]))
+    features = None
+    bounds = batch["cu_seqlens"].tolist()
+    documents = batch["document_ids"][0]
+    for begin, end in zip(bounds, bounds[1:]):
+        if documents[begin] < 0:  # the padding tail
+            continue
+        piece = states(batch["tokens"][:, begin:end], batch["position_ids"][:, begin:end])
+        if features is None:
+            features = piece.new_zeros(1, documents.shape[0], piece.shape[-1])
+        features[:, begin:end] = piece
+    return features
 
 
 # --- The drafter -----------------------------------------------------------------------------
@@ -102,17 +122,21 @@ def rms_norm(x, weight):
     return (weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps))).to(torch.bfloat16)
 
 
+# RoPE over the first rotary_dim dims of each head (all of them unless the drafter inherited a
+# partial_rotary_factor from a Qwen3.5 target), rotate-half within them.
+rotary_dim = int(head_dim * config.get("partial_rotary_factor", 1.0))
 inverse_frequency = 1.0 / config.get("rope_theta", 1e6) ** (
-    torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim)
 
 
 def rotate(x, positions):
-    """x [B, heads, L, D] at positions [B, L] (rotate-half RoPE)."""
+    """x [B, heads, L, D] at positions [B, L]."""
     angles = positions.float()[:, None, :, None] * inverse_frequency
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    half = head_dim // 2
-    turned = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return (x * cos.to(x.dtype)) + (turned * sin.to(x.dtype))
+    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    turned = torch.cat([-rotated[..., half:], rotated[..., :half]], -1)
+    return torch.cat([rotated * cos.to(x.dtype) + turned * sin.to(x.dtype), passed], -1)
 
 
 compiled_flex = torch.compile(flex_attention)
@@ -268,7 +292,7 @@ with open(args.out, "w") as out:
         marks.mark()
         loss.backward()
         marks.mark()
-        torch.nn.utils.clip_grad_norm_(parameters.values(), args.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(parameters.values(), args.grad_clip)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step)
         optimizer.step()
@@ -278,7 +302,8 @@ with open(args.out, "w") as out:
         seconds = time.perf_counter() - start
         parts = ("target_forward", "drafter_forward", "backward", "optimizer")
         out.write(json.dumps({
-            "step": step + 1, "time": time.time(), "loss": loss.item(), "seconds": seconds,
+            "step": step + 1, "time": time.time(), "loss": loss.item(), "grad_norm": grad_norm.item(),
+            "seconds": seconds,
             "times_ms": {part: marks.milliseconds(i) for i, part in enumerate(parts)},
             "context_tokens": int((batch["document_ids"] >= 0).sum()),
             "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else 0}) + "\n")
