@@ -77,6 +77,8 @@ step build build_runtime
 # dflex-train against the PyTorch recipe on the same batches, side by side.
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step recipe_bench python3 bench/recipe_bench.py build-gpu .device/bundles
+[ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
+  step recipe_bench_hybrid python3 bench/recipe_bench.py build-gpu .device/bundles --target hybrid
 # The README's main job on the GPU: the embedded default, trained and evaluated there.
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step default_run python3 examples/default/run_default.py --bin build-gpu/bin --work "$logs/default" \
@@ -89,7 +91,7 @@ step build build_runtime
 
 echo
 echo "== tables"
-grep -h '^|' "$logs/attention_bench.log" "$logs/train_bench.log" "$logs/recipe_bench.log" \
+grep -h '^|' "$logs/attention_bench.log" "$logs/train_bench.log" "$logs/recipe_bench.log" "$logs/recipe_bench_hybrid.log" \
   "$logs/default_run.log" 2>/dev/null
 grep -h -A8 '^| kernel' "$logs/attention_profile.log" 2>/dev/null
 grep -h '"impl": "fla"' "$logs/gated_delta_fla_bench.log" 2>/dev/null
