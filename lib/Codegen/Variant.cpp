@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 namespace dflex::codegen {
@@ -34,9 +35,153 @@ std::string sanitizeIdentifier(const std::string &name) {
   return id;
 }
 
+namespace {
+
+bool isUnsignedDivision(Opcode op) {
+  return op == Opcode::DivUI || op == Opcode::RemUI || op == Opcode::CeilDivUI;
+}
+
+/// Instructions whose value is fixed for a launch: computed from constants,
+/// scalar captures and tensor sizes only (no leading argument, no element
+/// read).
+std::vector<bool> launchInvariant(const Program &program) {
+  std::vector<bool> invariant(program.instructions.size(), false);
+  for (size_t n = 0; n < program.instructions.size(); ++n) {
+    const Instruction &inst = program.instructions[n];
+    bool fixed = inst.op != Opcode::Argument && inst.op != Opcode::Read;
+    for (int32_t operand : inst.operands)
+      fixed = fixed && invariant[operand];
+    invariant[n] = fixed;
+  }
+  return invariant;
+}
+
+/// Conservative signed ranges of the integer instructions, over every
+/// launch the kernels take: b and h below 65536, q_idx and kv_idx below
+/// 2^31 (the op's limits); unknown values span the whole type.
+std::vector<std::pair<int64_t, int64_t>> integerRanges(const Program &program) {
+  constexpr int64_t kMin = INT64_MIN, kMax = INT64_MAX;
+  std::vector<std::pair<int64_t, int64_t>> range(program.instructions.size(), {kMin, kMax});
+  auto fits = [](__int128 lo, __int128 hi) { return lo >= INT64_MIN && hi <= INT64_MAX; };
+  for (size_t n = 0; n < program.instructions.size(); ++n) {
+    const Instruction &inst = program.instructions[n];
+    if (expr::isFloat(inst.type))
+      continue;
+    const int w = expr::intWidth(inst.type);
+    auto r = [&](int k) { return range[inst.operands[k]]; };
+    auto nonNegative = [&](int k) { return r(k).first >= 0; };
+    std::pair<int64_t, int64_t> out{kMin, kMax};
+    switch (inst.op) {
+    case Opcode::Argument:
+      out = {0, inst.imm + (program.isScoreMod ? 0 : 1) <= 2 ? 65535 : (int64_t(1) << 31) - 1};
+      break;
+    case Opcode::Constant: out = {inst.imm, inst.imm}; break;
+    case Opcode::Dim: out = {0, kMax}; break;
+    case Opcode::AddI:
+    case Opcode::MulI: {
+      const __int128 a0 = r(0).first, a1 = r(0).second, b0 = r(1).first, b1 = r(1).second;
+      if (inst.op == Opcode::AddI && fits(a0 + b0, a1 + b1))
+        out = {int64_t(a0 + b0), int64_t(a1 + b1)};
+      if (inst.op == Opcode::MulI && nonNegative(0) && nonNegative(1) && a1 <= kMax && b1 <= kMax &&
+          fits(a0 * b0, a1 * b1))
+        out = {int64_t(a0 * b0), int64_t(a1 * b1)};
+      break;
+    }
+    case Opcode::SubI: {
+      const __int128 lo = __int128(r(0).first) - r(1).second, hi = __int128(r(0).second) - r(1).first;
+      if (fits(lo, hi))
+        out = {int64_t(lo), int64_t(hi)};
+      break;
+    }
+    case Opcode::DivUI:
+    case Opcode::ShRUI:
+      if (nonNegative(0))
+        out = {0, r(0).second};
+      break;
+    case Opcode::RemUI:
+      if (nonNegative(0))
+        out = {0, r(0).second};
+      if (nonNegative(1) && r(1).second > 0)
+        out = {0, std::min(nonNegative(0) ? r(0).second : kMax, r(1).second - 1)};
+      break;
+    case Opcode::AndI:
+      if (nonNegative(0) || nonNegative(1))
+        out = {0, std::min(nonNegative(0) ? r(0).second : kMax, nonNegative(1) ? r(1).second : kMax)};
+      break;
+    case Opcode::MinSI:
+      out = {std::min(r(0).first, r(1).first), std::min(r(0).second, r(1).second)};
+      break;
+    case Opcode::MaxSI:
+      out = {std::max(r(0).first, r(1).first), std::max(r(0).second, r(1).second)};
+      break;
+    case Opcode::Select:
+      out = {std::min(r(1).first, r(2).first), std::max(r(1).second, r(2).second)};
+      break;
+    case Opcode::CmpI:
+    case Opcode::CmpF: out = {0, 1}; break;
+    case Opcode::ExtSI:
+    case Opcode::ExtUI:
+    case Opcode::IndexCast:
+    case Opcode::IndexCastUI:
+    case Opcode::TruncI:
+      if (nonNegative(0))
+        out = r(0);
+      break;
+    default: break;
+    }
+    // A value of width w holds what its wrapped result can be: a range
+    // that does not fit w bits is unknown.
+    if (w < 64 && (out.first < -(int64_t(1) << (w - 1)) || out.second >= (int64_t(1) << (w - 1))))
+      out = {kMin, kMax};
+    range[n] = out;
+  }
+  return range;
+}
+
+/// The unsigned divisions, remainders and ceiling divisions of `program`
+/// whose divisor is launch-invariant but not a constant (NVRTC reduces
+/// those itself) and whose numerator is proven within [0, 2^32).
+std::vector<int32_t> divisionsByInvariants(const Program &program) {
+  const std::vector<bool> invariant = launchInvariant(program);
+  const auto range = integerRanges(program);
+  std::vector<int32_t> divisions;
+  for (size_t n = 0; n < program.instructions.size(); ++n) {
+    const Instruction &inst = program.instructions[n];
+    if (!isUnsignedDivision(inst.op))
+      continue;
+    const int32_t numerator = inst.operands[0], divisor = inst.operands[1];
+    if (invariant[divisor] && program.instructions[divisor].op != Opcode::Constant &&
+        range[numerator].first >= 0 && range[numerator].second < (int64_t(1) << 32))
+      divisions.push_back(int32_t(n));
+  }
+  return divisions;
+}
+
+} // namespace
+
 Result<VariantLayout> layoutVariant(const Program &mask, const Program *scoreMod) {
   VariantLayout layout;
   int offset = 0;
+  auto addDivisors = [&](const Program &program, bool inScoreMod) {
+    for (int32_t n : divisionsByInvariants(program)) {
+      const Instruction &inst = program.instructions[n];
+      DivisorSlot slot;
+      slot.inScoreMod = inScoreMod;
+      slot.instruction = inst.operands[1];
+      slot.width = expr::intWidth(inst.type);
+      bool known = false;
+      for (const DivisorSlot &existing : layout.divisors)
+        known = known || (existing.inScoreMod == inScoreMod && existing.instruction == slot.instruction &&
+                          existing.width == slot.width);
+      if (known)
+        continue;
+      slot.field = std::string(inScoreMod ? "score_divisor" : "mask_divisor") +
+                   std::to_string(slot.instruction) + "_w" + std::to_string(slot.width);
+      slot.offsetBytes = offset;
+      offset += DivisorSlot::kSizeBytes;
+      layout.divisors.push_back(std::move(slot));
+    }
+  };
   auto addAll = [&](const Program &program) -> Status {
     for (const expr::CaptureDecl &capture : program.captures) {
       if (const CaptureSlot *existing = layout.find(capture.name)) {
@@ -63,9 +208,12 @@ Result<VariantLayout> layoutVariant(const Program &mask, const Program *scoreMod
   };
   if (Status status = addAll(mask); !status.ok())
     return status;
-  if (scoreMod)
+  addDivisors(mask, false);
+  if (scoreMod) {
     if (Status status = addAll(*scoreMod); !status.ok())
       return status;
+    addDivisors(*scoreMod, true);
+  }
   layout.sizeBytes = offset == 0 ? 8 : offset;
   return layout;
 }
@@ -104,9 +252,17 @@ std::string intLiteral(int64_t value) {
 /// Emits one program as statements ending in `return <value at result>`.
 class BodyEmitter {
 public:
-  BodyEmitter(std::ostringstream &out, const Program &program,
-              const VariantLayout &layout)
-      : out(out), program(program), layout(layout) {}
+  BodyEmitter(std::ostringstream &out, const Program &program, const VariantLayout &layout,
+              bool isScoreMod)
+      : out(out), program(program), layout(layout) {
+    for (int32_t n : divisionsByInvariants(program)) {
+      const Instruction &inst = program.instructions[n];
+      for (const DivisorSlot &slot : layout.divisors)
+        if (slot.inScoreMod == isScoreMod && slot.instruction == inst.operands[1] &&
+            slot.width == expr::intWidth(inst.type))
+          divisorField[n] = slot.field;
+    }
+  }
 
   void emit(int32_t result, const char *returnKind) {
     std::vector<bool> live(program.instructions.size(), false);
@@ -131,6 +287,15 @@ private:
   }
   const CaptureSlot &capture(const Instruction &inst) const {
     return *layout.find(program.captures[inst.imm].name);
+  }
+
+  /// fn(a, b, w), or its multiplication by the launch's divisor member
+  /// (fnBy) when instruction n divides by one.
+  std::string byDivisor(int32_t n, const std::string &fn, const std::string &a, const std::string &b,
+                        const std::string &w) const {
+    const auto field = divisorField.find(n);
+    return field == divisorField.end() ? fn + "(" + a + ", " + b + ", " + w + ")"
+                                       : fn + "By(" + a + ", " + field->second + ", " + w + ")";
   }
 
   void emitInstruction(int32_t n) {
@@ -190,12 +355,12 @@ private:
     case Opcode::SubI: expression = call("subi", {a(), b(), W}); break;
     case Opcode::MulI: expression = call("muli", {a(), b(), W}); break;
     case Opcode::DivSI: expression = call("divsi", {a(), b(), W}); break;
-    case Opcode::DivUI: expression = call("divui", {a(), b(), W}); break;
+    case Opcode::DivUI: expression = byDivisor(n, "divui", a(), b(), W); break;
     case Opcode::CeilDivSI: expression = call("ceildivsi", {a(), b(), W}); break;
-    case Opcode::CeilDivUI: expression = call("ceildivui", {a(), b(), W}); break;
+    case Opcode::CeilDivUI: expression = byDivisor(n, "ceildivui", a(), b(), W); break;
     case Opcode::FloorDivSI: expression = call("floordivsi", {a(), b(), W}); break;
     case Opcode::RemSI: expression = call("remsi", {a(), b(), W}); break;
-    case Opcode::RemUI: expression = call("remui", {a(), b(), W}); break;
+    case Opcode::RemUI: expression = byDivisor(n, "remui", a(), b(), W); break;
     case Opcode::MaxSI: expression = call("maxsi", {a(), b()}); break;
     case Opcode::MinSI: expression = call("minsi", {a(), b()}); break;
     case Opcode::MaxUI: expression = call("maxui", {a(), b(), W}); break;
@@ -267,6 +432,8 @@ private:
   std::ostringstream &out;
   const Program &program;
   const VariantLayout &layout;
+  /// The divisions by a launch-invariant divisor: their divisor's member.
+  std::map<int32_t, std::string> divisorField;
 };
 
 } // namespace
@@ -291,10 +458,14 @@ std::string emitVariant(const std::string &structName,
     else
       out << "  long long " << slot.field << ";\n";
   }
+  for (const DivisorSlot &slot : layout.divisors)
+    out << "  // divisor: " << (slot.inScoreMod ? "score_mod" : "mask") << " value v" << slot.instruction
+        << " at " << slot.width << " bits, byte " << slot.offsetBytes << "\n"
+        << "  ::dflex::sem::UDivisor " << slot.field << ";\n";
   out << "\n  DFLEX_FUNCTOR bool mask(long long b, long long h, long long q_idx, "
          "long long kv_idx) const {\n"
          "    using namespace ::dflex::sem;\n";
-  BodyEmitter(out, mask, layout).emit(mask.result, "bool");
+  BodyEmitter(out, mask, layout, false).emit(mask.result, "bool");
   out << "  }\n";
 
   const char *scoreSignature =
@@ -302,13 +473,13 @@ std::string emitVariant(const std::string &structName,
       "    using namespace ::dflex::sem;\n";
   out << "\n  DFLEX_FUNCTOR float score_mod" << scoreSignature;
   if (scoreMod)
-    BodyEmitter(out, *scoreMod, layout).emit(scoreMod->result, "float");
+    BodyEmitter(out, *scoreMod, layout, true).emit(scoreMod->result, "float");
   else
     out << "    return score;\n";
   out << "  }\n";
   out << "\n  DFLEX_FUNCTOR float score_mod_grad" << scoreSignature;
   if (scoreMod)
-    BodyEmitter(out, *scoreMod, layout).emit(scoreMod->scoreDerivative, "float");
+    BodyEmitter(out, *scoreMod, layout, true).emit(scoreMod->scoreDerivative, "float");
   else
     out << "    return 1.0f;\n";
   out << "  }\n};\n";
@@ -316,7 +487,8 @@ std::string emitVariant(const std::string &structName,
 }
 
 Result<std::vector<uint8_t>> packVariant(const VariantLayout &layout,
-                                         const std::vector<BoundCapture> &captures) {
+                                         const std::vector<BoundCapture> &captures,
+                                         const Program &mask, const Program *scoreMod) {
   std::vector<uint8_t> bytes(layout.sizeBytes, 0);
   auto put = [&](int offset, int64_t word) { std::memcpy(&bytes[offset], &word, 8); };
   for (const BoundCapture &bound : captures)
@@ -354,6 +526,43 @@ Result<std::vector<uint8_t>> packVariant(const VariantLayout &layout,
       put(slot.offsetBytes + 8 * (1 + slot.rank + d), value.strides[d]);
     }
   }
+  // The divisors: each program's launch-invariant values, from its scalar
+  // captures and tensor sizes (every other instruction stands in as 0, so
+  // no element is read).
+  for (const bool inScoreMod : {false, true}) {
+    const Program *program = inScoreMod ? scoreMod : &mask;
+    bool wanted = false;
+    for (const DivisorSlot &slot : layout.divisors)
+      wanted = wanted || slot.inScoreMod == inScoreMod;
+    if (!wanted)
+      continue;
+    if (!program)
+      return Status::failure("the layout has score_mod divisors but no score_mod was given");
+    Program invariants = *program;
+    const std::vector<bool> invariant = launchInvariant(*program);
+    for (size_t n = 0; n < invariants.instructions.size(); ++n)
+      if (!invariant[n]) {
+        Instruction &inst = invariants.instructions[n];
+        inst.op = Opcode::Constant;
+        inst.operands.clear();
+        inst.imm = 0;
+        inst.fimm = 0.0f;
+      }
+    std::vector<expr::CaptureValue> values;
+    for (const expr::CaptureDecl &decl : program->captures)
+      for (const BoundCapture &bound : captures)
+        if (bound.name == decl.name)
+          values.push_back(bound.value);
+    const std::vector<expr::Value> leading(program->numLeadingArguments(), expr::Value::ofInt(0));
+    std::vector<expr::Value> results;
+    expr::evaluate(invariants, leading.data(), values, results);
+    for (const DivisorSlot &slot : layout.divisors)
+      if (slot.inScoreMod == inScoreMod) {
+        const sem::UDivisor divisor = sem::makeUDivisor(results.at(size_t(slot.instruction)).i, slot.width);
+        put(slot.offsetBytes, static_cast<int64_t>(divisor.divisor));
+        put(slot.offsetBytes + 8, static_cast<int64_t>(divisor.packed));
+      }
+  }
   return bytes;
 }
 
@@ -372,6 +581,16 @@ JsonValue toJson(const VariantLayout &layout) {
     captures.push(std::move(c));
   }
   json["captures"] = std::move(captures);
+  JsonValue divisors = JsonValue::array();
+  for (const DivisorSlot &slot : layout.divisors) {
+    JsonValue d = JsonValue::object();
+    d["program"] = slot.inScoreMod ? "score_mod" : "mask";
+    d["instruction"] = slot.instruction;
+    d["width"] = slot.width;
+    d["offset_bytes"] = slot.offsetBytes;
+    divisors.push(std::move(d));
+  }
+  json["divisors"] = std::move(divisors);
   return json;
 }
 

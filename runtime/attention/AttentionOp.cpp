@@ -145,7 +145,7 @@ std::vector<uint8_t> BoundCaptures::packDevice(const AttentionKernelSpec &spec) 
   std::vector<codegen::BoundCapture> bound;
   for (size_t i = 0; i < spec.layout.captures.size(); ++i)
     bound.push_back({spec.layout.captures[i].name, device.at(i)});
-  Result<std::vector<uint8_t>> bytes = codegen::packVariant(spec.layout, bound);
+  Result<std::vector<uint8_t>> bytes = codegen::packVariant(spec.layout, bound, spec.mask, spec.scoreMod ? &*spec.scoreMod : nullptr);
   if (!bytes.ok())
     throw FormatError("dflex attention '" + spec.name + "': " + bytes.error());
   return std::move(bytes).value();

@@ -5,7 +5,13 @@
 //   mask(b, h, q_idx, kv_idx), score_mod(s, ...), score_mod_grad(s, ...).
 // It is passed to kernels by value; its layout is a row of 8-byte slots, one
 // per scalar capture and 1 + 2 * rank per tensor capture (data, sizes,
-// strides), in the order of `VariantLayout::captures`.
+// strides), in the order of `VariantLayout::captures`, then two per
+// launch-invariant divisor (`VariantLayout::divisors`): an unsigned division
+// or remainder by a value computed from captures and tensor sizes only, of
+// a numerator proven below 2^32, runs as a multiplication by a magic number
+// the host computes at launch (sem::UDivisor) instead of a division per
+// element. The mask's slots (captures, then divisors) come first, so a
+// mask-only layout is a prefix of the full one.
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,8 +38,20 @@ struct CaptureSlot {
   int sizeBytes = 0;
 };
 
+/// A launch-invariant divisor: the value of instruction `instruction` of the
+/// mask (or of the score_mod) at `width` bits, as a sem::UDivisor member.
+struct DivisorSlot {
+  bool inScoreMod = false;
+  int32_t instruction = 0;
+  int width = 64;
+  std::string field;
+  int offsetBytes = 0;
+  static constexpr int kSizeBytes = 16;
+};
+
 struct VariantLayout {
   std::vector<CaptureSlot> captures;
+  std::vector<DivisorSlot> divisors;
   int sizeBytes = 8; // never empty: a variant without captures holds one unused slot
   const CaptureSlot *find(const std::string &name) const;
 };
@@ -60,9 +78,13 @@ struct BoundCapture {
 
 /// The bytes of a variant struct of `layout` holding `captures` (each
 /// capture of the layout exactly once, with its declared rank and element
-/// type; scalars as their sign-extended value, f32 as its bit pattern).
+/// type; scalars as their sign-extended value, f32 as its bit pattern) and
+/// its divisors, evaluated from the scalar captures and tensor sizes of the
+/// programs the layout was made from (never reading tensor data).
 Result<std::vector<uint8_t>> packVariant(const VariantLayout &layout,
-                                         const std::vector<BoundCapture> &captures);
+                                         const std::vector<BoundCapture> &captures,
+                                         const expr::Program &mask,
+                                         const expr::Program *scoreMod);
 
 /// A C++ identifier made from a DSL symbol name.
 std::string sanitizeIdentifier(const std::string &name);

@@ -108,6 +108,71 @@ DFLEX_SEM_FN i64 ceildivui(i64 a, i64 b, int w) {
     return 0;
   return wrap(ua / ub + (ua % ub != 0 ? 1 : 0), w);
 }
+/// A divisor fixed for a whole kernel launch (computed from captures and
+/// tensor sizes only), prepared on the host by makeUDivisor for exact
+/// unsigned division of numerators below 2^32 by a multiplication
+/// (Granlund and Montgomery's round-up method, "Division by invariant
+/// integers using multiplication", 1994): with l = ceil(log2 d) and
+/// magic = floor(2^32 (2^l - d) / d) + 1 < 2^32, for every n < 2^32
+///   n / d == (t + ((n - t) >> min(l, 1))) >> max(l - 1, 0),  t = mulhi(magic, n).
+/// A divisor of 0 keeps x / 0 == x % 0 == 0; one of 2^32 or more exceeds
+/// every such numerator. Two 8-byte words, the same on host and device.
+struct UDivisor {
+  u64 divisor; ///< asUnsigned(b, w)
+  u64 packed;  ///< magic (bits 0-31), the two shifts (32-39, 40-47), kind (48-55)
+};
+enum UDivisorKind { kDivideByZero = 0, kDivideByMagic = 1, kDivideByLarge = 2 };
+
+DFLEX_SEM_FN UDivisor makeUDivisor(i64 b, int w) {
+  UDivisor result;
+  result.divisor = asUnsigned(b, w);
+  const u64 d = result.divisor;
+  if (d == 0) {
+    result.packed = (u64)kDivideByZero << 48;
+  } else if (d >> 32) {
+    result.packed = (u64)kDivideByLarge << 48;
+  } else {
+    int l = 0;
+    while ((1ull << l) < d)
+      ++l;
+    const u64 magic = ((((1ull << l) - d) << 32) / d) + 1;
+    const u64 shift1 = l < 1 ? l : 1, shift2 = l > 1 ? l - 1 : 0;
+    result.packed = magic | (shift1 << 32) | (shift2 << 40) | ((u64)kDivideByMagic << 48);
+  }
+  return result;
+}
+DFLEX_SEM_FN int udivisorKind(UDivisor d) { return (int)((d.packed >> 48) & 0xff); }
+/// n / d for n < 2^32 and a magic divisor.
+DFLEX_SEM_FN u64 magicQuotient(u64 n, UDivisor d) {
+  const u64 t = ((d.packed & 0xffffffffull) * n) >> 32;
+  return (t + ((n - t) >> ((d.packed >> 32) & 0xff))) >> ((d.packed >> 40) & 0xff);
+}
+/// divui(a, d.divisor, w) when asUnsigned(a, w) < 2^32 (which codegen proves).
+DFLEX_SEM_FN i64 divuiBy(i64 a, UDivisor d, int w) {
+  const int kind = udivisorKind(d);
+  return kind == kDivideByMagic ? wrap(magicQuotient(asUnsigned(a, w), d), w) : 0;
+}
+/// remui(a, d.divisor, w) under the same condition.
+DFLEX_SEM_FN i64 remuiBy(i64 a, UDivisor d, int w) {
+  const u64 n = asUnsigned(a, w);
+  switch (udivisorKind(d)) {
+  case kDivideByMagic: return wrap(n - magicQuotient(n, d) * d.divisor, w);
+  case kDivideByLarge: return wrap(n, w);
+  default: return 0;
+  }
+}
+/// ceildivui(a, d.divisor, w) under the same condition.
+DFLEX_SEM_FN i64 ceildivuiBy(i64 a, UDivisor d, int w) {
+  const u64 n = asUnsigned(a, w);
+  switch (udivisorKind(d)) {
+  case kDivideByMagic: {
+    const u64 q = magicQuotient(n, d);
+    return wrap(q + (n - q * d.divisor != 0 ? 1 : 0), w);
+  }
+  case kDivideByLarge: return wrap(n != 0 ? 1 : 0, w);
+  default: return 0;
+  }
+}
 DFLEX_SEM_FN i64 maxsi(i64 a, i64 b) { return a > b ? a : b; }
 DFLEX_SEM_FN i64 minsi(i64 a, i64 b) { return a < b ? a : b; }
 DFLEX_SEM_FN i64 maxui(i64 a, i64 b, int w) {

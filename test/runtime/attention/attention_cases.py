@@ -56,6 +56,14 @@ def make_sliding_window(gen, size):
                    lambda b, h, q, kv: (q >= kv) & (q - kv < window))
 
 
+def make_chunked_causal(gen, size):
+    # A chunk size that does not divide the length (and 1: every query alone).
+    t = _lengths(gen, size, 40, 90, 300, 700)
+    chunk = int(torch.randint(1, 12, (), generator=gen)) if size == "small" else 96
+    return Problem(2, t, t, [torch.tensor(chunk)],
+                   lambda b, h, q, kv: (q >= kv) & (q // chunk == kv // chunk))
+
+
 def make_dilated(gen, size):
     t = _lengths(gen, size, 40, 90, 300, 700)
     window, dilation = (5, 3) if size == "small" else (40, 4)
@@ -184,6 +192,7 @@ def make_relative_bias(gen, size):
 CASES = [
     Case("causal", "causal_attention", make_causal),
     Case("sliding_window", "sliding_window_attention", make_sliding_window),
+    Case("chunked_causal", "chunked_causal_attention", make_chunked_causal),
     Case("dilated_sliding_window", "dilated_attention", make_dilated),
     Case("document_mask", "document_attention", make_document),
     Case("prefix_lm", "prefix_lm_attention", make_prefix_lm),

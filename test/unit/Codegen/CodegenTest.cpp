@@ -121,7 +121,8 @@ TEST(Codegen, EmittedVariantsMatchTheInterpreter) {
 
     for (int round = 0; round < 4; ++round) {
       RandomCaptures captures = randomCaptures(layout.value(), rng);
-      auto bytes = codegen::packVariant(layout.value(), captures.bound);
+      auto bytes = codegen::packVariant(layout.value(), captures.bound, mask,
+                                        scoreMod ? &*scoreMod : nullptr);
       ASSERT_TRUE(bytes.ok()) << bytes.error();
       // Copy into storage aligned like the struct.
       std::vector<uint64_t> variant(generated.size / 8);
@@ -170,7 +171,7 @@ TEST(Codegen, TileClassificationMatchesBruteForce) {
     auto layout = codegen::layoutVariant(mask, nullptr);
     RandomCaptures captures = randomCaptures(layout.value(), rng);
     std::vector<uint64_t> variant(generated.size / 8 + 1, 0);
-    auto bytes = codegen::packVariant(layout.value(), captures.bound);
+    auto bytes = codegen::packVariant(layout.value(), captures.bound, mask, nullptr);
     ASSERT_TRUE(bytes.ok());
     std::memcpy(variant.data(), bytes.value().data(), bytes.value().size());
     std::vector<CaptureValue> maskCaptures = captures.ordered(mask);
@@ -255,19 +256,19 @@ TEST(Codegen, PackVariantChecksCaptures) {
   CaptureValue scalar = CaptureValue::ofScalar(Value::ofInt(100));
   std::vector<codegen::BoundCapture> all = {
       {"anchors", tensor}, {"context_start", startTensor}, {"ctx_len", scalar}};
-  EXPECT_TRUE(codegen::packVariant(layout.value(), all).ok());
-  auto missing = codegen::packVariant(layout.value(), {all[0], all[1]});
+  EXPECT_TRUE(codegen::packVariant(layout.value(), all, mask, nullptr).ok());
+  auto missing = codegen::packVariant(layout.value(), {all[0], all[1]}, mask, nullptr);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.error(), "capture 'ctx_len' is missing");
-  auto unknown = codegen::packVariant(layout.value(), {all[0], all[1], all[2], {"window", scalar}});
+  auto unknown = codegen::packVariant(layout.value(), {all[0], all[1], all[2], {"window", scalar}}, mask, nullptr);
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.error(), "no capture named 'window'");
   CaptureValue wrongType = CaptureValue::ofTensor(anchors.data(), ScalarType::I64, {2, 3});
-  auto mistyped = codegen::packVariant(layout.value(), {{"anchors", wrongType}, all[1], all[2]});
+  auto mistyped = codegen::packVariant(layout.value(), {{"anchors", wrongType}, all[1], all[2]}, mask, nullptr);
   ASSERT_FALSE(mistyped.ok());
   EXPECT_EQ(mistyped.error(), "capture 'anchors' must hold i32, got i64");
   // The bytes: pointer, sizes, strides of each tensor, then the scalar.
-  auto bytes = codegen::packVariant(layout.value(), all);
+  auto bytes = codegen::packVariant(layout.value(), all, mask, nullptr);
   int64_t words[11];
   ASSERT_EQ(bytes.value().size(), sizeof words);
   std::memcpy(words, bytes.value().data(), sizeof words);
@@ -281,3 +282,77 @@ TEST(Codegen, PackVariantChecksCaptures) {
 }
 
 } // namespace
+
+TEST(Codegen, LaunchInvariantDivisorsDivideExactlyByMultiplication) {
+  // Divisors around the 32-bit edge and random ones, numerators at their
+  // edges and random, at index and i32 widths: the magic quotient,
+  // remainder and ceiling equal divui, remui and ceildivui.
+  std::mt19937_64 rng(5);
+  std::vector<uint64_t> divisors = {0, 1, 2, 3, 5, 7, 10, 16, 100, 641, 65535, 65536, 65537,
+                                    (1ull << 31) - 1, 1ull << 31, (1ull << 31) + 1, (1ull << 32) - 1,
+                                    1ull << 32, (1ull << 32) + 1, 1ull << 40};
+  for (int i = 0; i < 2000; ++i)
+    divisors.push_back(rng() >> (rng() % 64));
+  int64_t checked = 0;
+  for (uint64_t d : divisors)
+    for (int w : {64, 32}) {
+      const int64_t b = sem::wrap(d, w);
+      const sem::UDivisor divisor = sem::makeUDivisor(b, w);
+      std::vector<uint64_t> numerators = {0, 1, d - 1, d, d + 1, 2 * d, (1ull << 31) - 1,
+                                          1ull << 31, (1ull << 32) - 1};
+      for (int k = 0; k < 64; ++k)
+        numerators.push_back(rng() >> 32);
+      for (uint64_t n : numerators) {
+        const int64_t a = sem::wrap(n & 0xffffffffull, w);
+        ASSERT_EQ(sem::divuiBy(a, divisor, w), sem::divui(a, b, w)) << n << " / " << d << " w" << w;
+        ASSERT_EQ(sem::remuiBy(a, divisor, w), sem::remui(a, b, w)) << n << " % " << d << " w" << w;
+        ASSERT_EQ(sem::ceildivuiBy(a, divisor, w), sem::ceildivui(a, b, w)) << n << " ceil/ " << d;
+        ++checked;
+      }
+    }
+  EXPECT_GT(checked, 200000);
+}
+
+TEST(Codegen, DivisionsByLaunchInvariantsGetADivisorSlot) {
+  // chunked_causal divides both indices by its captured chunk size: one
+  // divisor member, packed from the capture, and no division left in the
+  // functor.
+  auto loaded = test::LoadedModule::fromFile(std::string(DFLEX_EXAMPLES_DIR) + "/chunked_causal.mlir");
+  expr::Program mask = loaded.program("chunked_causal");
+  auto layout = codegen::layoutVariant(mask, nullptr);
+  ASSERT_TRUE(layout.ok());
+  ASSERT_EQ(layout.value().divisors.size(), 1u);
+  EXPECT_EQ(layout.value().divisors[0].width, 64);
+  EXPECT_EQ(layout.value().divisors[0].offsetBytes, 8);
+  EXPECT_EQ(layout.value().sizeBytes, 8 + codegen::DivisorSlot::kSizeBytes);
+  const std::string source = codegen::emitVariant("Chunked", layout.value(), mask, nullptr);
+  EXPECT_NE(source.find("divuiBy("), std::string::npos) << source;
+  EXPECT_EQ(source.find("divui("), std::string::npos) << source;
+  auto bytes = codegen::packVariant(layout.value(), {{"chunk", CaptureValue::ofScalar(Value::ofInt(48))}},
+                                    mask, nullptr);
+  ASSERT_TRUE(bytes.ok()) << bytes.error();
+  sem::UDivisor packed;
+  std::memcpy(&packed, bytes.value().data() + 8, sizeof packed);
+  EXPECT_EQ(packed.divisor, 48u);
+  EXPECT_EQ(sem::divuiBy(1000, packed, 64), 1000 / 48);
+
+  // A numerator read from a tensor has no proven range, and a constant
+  // divisor is NVRTC's to reduce: both stay divisions.
+  auto other = test::LoadedModule::fromString(R"(
+    dflex.mask @m(%b: index, %h: index, %q_idx: index, %kv_idx: index)
+        captures(%t: tensor<?xi64>, %n: index) {
+      %x = dflex.read %t[%q_idx] : tensor<?xi64>
+      %xi = arith.index_cast %x : i64 to index
+      %a = arith.divui %xi, %n : index
+      %c = arith.constant 7 : index
+      %k = arith.remui %kv_idx, %c : index
+      %s = arith.addi %a, %k : index
+      %v = arith.cmpi ult, %s, %kv_idx : index
+      dflex.yield %v : i1
+    })");
+  ASSERT_TRUE(other.module);
+  expr::Program plain = other.program("m");
+  auto plainLayout = codegen::layoutVariant(plain, nullptr);
+  ASSERT_TRUE(plainLayout.ok());
+  EXPECT_TRUE(plainLayout.value().divisors.empty());
+}
