@@ -114,6 +114,14 @@ const Example kExamples[] = {
        int64_t pick = uniform(rng, 0, 5);
        trial.captures.push_back(indexScalar(pick < 4 ? special[pick] : uniform(rng, 3, 300)));
      }},
+    {"chunked_causal.mlir", "chunked_causal",
+     [](std::mt19937_64 &rng, Trial &trial) {
+       // 0 (x / 0 == 0: one chunk), 1 (each query alone), a tile-aligned
+       // size, one beyond every length, and sizes that cut tiles.
+       const int64_t special[] = {0, 1, 64, int64_t{1} << 40};
+       int64_t pick = uniform(rng, 0, 5);
+       trial.captures.push_back(indexScalar(pick < 4 ? special[pick] : uniform(rng, 2, 200)));
+     }},
     {"dilated_sliding_window.mlir", "dilated_sliding_window",
      [](std::mt19937_64 &rng, Trial &trial) {
        trial.captures.push_back(indexScalar(uniform(rng, 0, 40)));
