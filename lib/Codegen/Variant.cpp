@@ -40,6 +40,10 @@ namespace {
 bool isUnsignedDivision(Opcode op) {
   return op == Opcode::DivUI || op == Opcode::RemUI || op == Opcode::CeilDivUI;
 }
+bool isSignedDivision(Opcode op) {
+  return op == Opcode::DivSI || op == Opcode::RemSI || op == Opcode::FloorDivSI ||
+         op == Opcode::CeilDivSI;
+}
 
 /// Instructions whose value is fixed for a launch: computed from constants,
 /// scalar captures and tensor sizes only (no leading argument, no element
@@ -58,7 +62,8 @@ std::vector<bool> launchInvariant(const Program &program) {
 
 /// Conservative signed ranges of the integer instructions, over every
 /// launch the kernels take: b and h below 65536, q_idx and kv_idx below
-/// 2^31 (the op's limits); unknown values span the whole type.
+/// 2^31 + 2^16 (the op's lengths are below 2^31; a tile's rows past the end
+/// stay within a tile of it); unknown values span the whole type.
 std::vector<std::pair<int64_t, int64_t>> integerRanges(const Program &program) {
   constexpr int64_t kMin = INT64_MIN, kMax = INT64_MAX;
   std::vector<std::pair<int64_t, int64_t>> range(program.instructions.size(), {kMin, kMax});
@@ -73,7 +78,7 @@ std::vector<std::pair<int64_t, int64_t>> integerRanges(const Program &program) {
     std::pair<int64_t, int64_t> out{kMin, kMax};
     switch (inst.op) {
     case Opcode::Argument:
-      out = {0, inst.imm + (program.isScoreMod ? 0 : 1) <= 2 ? 65535 : (int64_t(1) << 31) - 1};
+      out = {0, inst.imm + (program.isScoreMod ? 0 : 1) <= 2 ? 65535 : (int64_t(1) << 31) + (1 << 16)};
       break;
     case Opcode::Constant: out = {inst.imm, inst.imm}; break;
     case Opcode::Dim: out = {0, kMax}; break;
@@ -138,16 +143,17 @@ std::vector<std::pair<int64_t, int64_t>> integerRanges(const Program &program) {
   return range;
 }
 
-/// The unsigned divisions, remainders and ceiling divisions of `program`
-/// whose divisor is launch-invariant but not a constant (NVRTC reduces
-/// those itself) and whose numerator is proven within [0, 2^32).
+/// The divisions, remainders, floor and ceiling divisions of `program`
+/// (signed or unsigned) whose divisor is launch-invariant but not a
+/// constant (NVRTC reduces those itself) and whose numerator is proven
+/// within [0, 2^32).
 std::vector<int32_t> divisionsByInvariants(const Program &program) {
   const std::vector<bool> invariant = launchInvariant(program);
   const auto range = integerRanges(program);
   std::vector<int32_t> divisions;
   for (size_t n = 0; n < program.instructions.size(); ++n) {
     const Instruction &inst = program.instructions[n];
-    if (!isUnsignedDivision(inst.op))
+    if (!isUnsignedDivision(inst.op) && !isSignedDivision(inst.op))
       continue;
     const int32_t numerator = inst.operands[0], divisor = inst.operands[1];
     if (invariant[divisor] && program.instructions[divisor].op != Opcode::Constant &&
@@ -169,14 +175,15 @@ Result<VariantLayout> layoutVariant(const Program &mask, const Program *scoreMod
       slot.inScoreMod = inScoreMod;
       slot.instruction = inst.operands[1];
       slot.width = expr::intWidth(inst.type);
+      slot.isSigned = isSignedDivision(inst.op);
       bool known = false;
       for (const DivisorSlot &existing : layout.divisors)
-        known = known || (existing.inScoreMod == inScoreMod && existing.instruction == slot.instruction &&
-                          existing.width == slot.width);
+        known = known || existing.sameDivisor(slot);
       if (known)
         continue;
       slot.field = std::string(inScoreMod ? "score_divisor" : "mask_divisor") +
-                   std::to_string(slot.instruction) + "_w" + std::to_string(slot.width);
+                   std::to_string(slot.instruction) + (slot.isSigned ? "_s" : "_u") +
+                   std::to_string(slot.width);
       slot.offsetBytes = offset;
       offset += DivisorSlot::kSizeBytes;
       layout.divisors.push_back(std::move(slot));
@@ -257,9 +264,13 @@ public:
       : out(out), program(program), layout(layout) {
     for (int32_t n : divisionsByInvariants(program)) {
       const Instruction &inst = program.instructions[n];
+      DivisorSlot wanted;
+      wanted.inScoreMod = isScoreMod;
+      wanted.instruction = inst.operands[1];
+      wanted.width = expr::intWidth(inst.type);
+      wanted.isSigned = isSignedDivision(inst.op);
       for (const DivisorSlot &slot : layout.divisors)
-        if (slot.inScoreMod == isScoreMod && slot.instruction == inst.operands[1] &&
-            slot.width == expr::intWidth(inst.type))
+        if (slot.sameDivisor(wanted))
           divisorField[n] = slot.field;
     }
   }
@@ -354,12 +365,12 @@ private:
     case Opcode::AddI: expression = call("addi", {a(), b(), W}); break;
     case Opcode::SubI: expression = call("subi", {a(), b(), W}); break;
     case Opcode::MulI: expression = call("muli", {a(), b(), W}); break;
-    case Opcode::DivSI: expression = call("divsi", {a(), b(), W}); break;
+    case Opcode::DivSI: expression = byDivisor(n, "divsi", a(), b(), W); break;
     case Opcode::DivUI: expression = byDivisor(n, "divui", a(), b(), W); break;
-    case Opcode::CeilDivSI: expression = call("ceildivsi", {a(), b(), W}); break;
+    case Opcode::CeilDivSI: expression = byDivisor(n, "ceildivsi", a(), b(), W); break;
     case Opcode::CeilDivUI: expression = byDivisor(n, "ceildivui", a(), b(), W); break;
-    case Opcode::FloorDivSI: expression = call("floordivsi", {a(), b(), W}); break;
-    case Opcode::RemSI: expression = call("remsi", {a(), b(), W}); break;
+    case Opcode::FloorDivSI: expression = byDivisor(n, "floordivsi", a(), b(), W); break;
+    case Opcode::RemSI: expression = byDivisor(n, "remsi", a(), b(), W); break;
     case Opcode::RemUI: expression = byDivisor(n, "remui", a(), b(), W); break;
     case Opcode::MaxSI: expression = call("maxsi", {a(), b()}); break;
     case Opcode::MinSI: expression = call("minsi", {a(), b()}); break;
@@ -460,7 +471,8 @@ std::string emitVariant(const std::string &structName,
   }
   for (const DivisorSlot &slot : layout.divisors)
     out << "  // divisor: " << (slot.inScoreMod ? "score_mod" : "mask") << " value v" << slot.instruction
-        << " at " << slot.width << " bits, byte " << slot.offsetBytes << "\n"
+        << ", " << (slot.isSigned ? "signed" : "unsigned") << " at " << slot.width << " bits, byte "
+        << slot.offsetBytes << "\n"
         << "  ::dflex::sem::UDivisor " << slot.field << ";\n";
   out << "\n  DFLEX_FUNCTOR bool mask(long long b, long long h, long long q_idx, "
          "long long kv_idx) const {\n"
@@ -558,7 +570,9 @@ Result<std::vector<uint8_t>> packVariant(const VariantLayout &layout,
     expr::evaluate(invariants, leading.data(), values, results);
     for (const DivisorSlot &slot : layout.divisors)
       if (slot.inScoreMod == inScoreMod) {
-        const sem::UDivisor divisor = sem::makeUDivisor(results.at(size_t(slot.instruction)).i, slot.width);
+        const int64_t value = results.at(size_t(slot.instruction)).i;
+        const sem::UDivisor divisor =
+            slot.isSigned ? sem::makeSDivisor(value, slot.width) : sem::makeUDivisor(value, slot.width);
         put(slot.offsetBytes, static_cast<int64_t>(divisor.divisor));
         put(slot.offsetBytes + 8, static_cast<int64_t>(divisor.packed));
       }
@@ -587,6 +601,7 @@ JsonValue toJson(const VariantLayout &layout) {
     d["program"] = slot.inScoreMod ? "score_mod" : "mask";
     d["instruction"] = slot.instruction;
     d["width"] = slot.width;
+    d["signed"] = slot.isSigned;
     d["offset_bytes"] = slot.offsetBytes;
     divisors.push(std::move(d));
   }

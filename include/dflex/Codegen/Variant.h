@@ -6,8 +6,9 @@
 // It is passed to kernels by value; its layout is a row of 8-byte slots, one
 // per scalar capture and 1 + 2 * rank per tensor capture (data, sizes,
 // strides), in the order of `VariantLayout::captures`, then two per
-// launch-invariant divisor (`VariantLayout::divisors`): an unsigned division
-// or remainder by a value computed from captures and tensor sizes only, of
+// launch-invariant divisor (`VariantLayout::divisors`): a division or
+// remainder (signed or unsigned) by a value computed from captures and
+// tensor sizes only, of
 // a numerator proven below 2^32, runs as a multiplication by a magic number
 // the host computes at launch (sem::UDivisor) instead of a division per
 // element. The mask's slots (captures, then divisors) come first, so a
@@ -39,14 +40,20 @@ struct CaptureSlot {
 };
 
 /// A launch-invariant divisor: the value of instruction `instruction` of the
-/// mask (or of the score_mod) at `width` bits, as a sem::UDivisor member.
+/// mask (or of the score_mod) at `width` bits, as a sem::UDivisor member
+/// (sem::makeSDivisor's for signed divisions).
 struct DivisorSlot {
   bool inScoreMod = false;
   int32_t instruction = 0;
   int width = 64;
+  bool isSigned = false;
   std::string field;
   int offsetBytes = 0;
   static constexpr int kSizeBytes = 16;
+  bool sameDivisor(const DivisorSlot &other) const {
+    return inScoreMod == other.inScoreMod && instruction == other.instruction &&
+           width == other.width && isSigned == other.isSigned;
+  }
 };
 
 struct VariantLayout {

@@ -116,17 +116,20 @@ DFLEX_SEM_FN i64 ceildivui(i64 a, i64 b, int w) {
 /// magic = floor(2^32 (2^l - d) / d) + 1 < 2^32, for every n < 2^32
 ///   n / d == (t + ((n - t) >> min(l, 1))) >> max(l - 1, 0),  t = mulhi(magic, n).
 /// A divisor of 0 keeps x / 0 == x % 0 == 0; one of 2^32 or more exceeds
-/// every such numerator. Two 8-byte words, the same on host and device.
+/// every such numerator. Signed divisions of such (non-negative) numerators
+/// divide by the magnitude and apply the divisor's sign. Two 8-byte words,
+/// the same on host and device.
 struct UDivisor {
   u64 divisor; ///< asUnsigned(b, w)
   u64 packed;  ///< magic (bits 0-31), the two shifts (32-39, 40-47), kind (48-55)
 };
 enum UDivisorKind { kDivideByZero = 0, kDivideByMagic = 1, kDivideByLarge = 2 };
 
-DFLEX_SEM_FN UDivisor makeUDivisor(i64 b, int w) {
+/// The divisor of magnitude d (bit 56 of packed set for a negative signed
+/// divisor, by makeSDivisor).
+DFLEX_SEM_FN UDivisor makeUDivisorOf(u64 d) {
   UDivisor result;
-  result.divisor = asUnsigned(b, w);
-  const u64 d = result.divisor;
+  result.divisor = d;
   if (d == 0) {
     result.packed = (u64)kDivideByZero << 48;
   } else if (d >> 32) {
@@ -139,6 +142,16 @@ DFLEX_SEM_FN UDivisor makeUDivisor(i64 b, int w) {
     const u64 shift1 = l < 1 ? l : 1, shift2 = l > 1 ? l - 1 : 0;
     result.packed = magic | (shift1 << 32) | (shift2 << 40) | ((u64)kDivideByMagic << 48);
   }
+  return result;
+}
+DFLEX_SEM_FN UDivisor makeUDivisor(i64 b, int w) { return makeUDivisorOf(asUnsigned(b, w)); }
+/// A signed divisor (b sign-extended from w bits): its magnitude, and its
+/// sign in bit 56.
+DFLEX_SEM_FN UDivisor makeSDivisor(i64 b, int w) {
+  const i64 d = wrap((u64)b, w);
+  UDivisor result = makeUDivisorOf(d < 0 ? 0ull - (u64)d : (u64)d);
+  if (d < 0)
+    result.packed |= 1ull << 56;
   return result;
 }
 DFLEX_SEM_FN int udivisorKind(UDivisor d) { return (int)((d.packed >> 48) & 0xff); }
@@ -173,6 +186,38 @@ DFLEX_SEM_FN i64 ceildivuiBy(i64 a, UDivisor d, int w) {
   default: return 0;
   }
 }
+/// a / |d| and a % |d| for 0 <= a < 2^32.
+DFLEX_SEM_FN u64 magnitudeQuotient(u64 n, UDivisor d) {
+  return udivisorKind(d) == kDivideByMagic ? magicQuotient(n, d) : 0;
+}
+DFLEX_SEM_FN bool negativeDivisor(UDivisor d) { return (d.packed >> 56) & 1; }
+/// divsi, remsi, floordivsi and ceildivsi by a makeSDivisor divisor, for
+/// numerators a with 0 <= a < 2^32 (which codegen proves); x / 0 == 0.
+DFLEX_SEM_FN i64 divsiBy(i64 a, UDivisor d, int w) {
+  const u64 q = magnitudeQuotient((u64)a, d);
+  return wrap(negativeDivisor(d) ? 0ull - q : q, w);
+}
+DFLEX_SEM_FN i64 remsiBy(i64 a, UDivisor d, int w) {
+  if (udivisorKind(d) == kDivideByZero)
+    return 0;
+  return wrap((u64)a - magnitudeQuotient((u64)a, d) * d.divisor, w);
+}
+DFLEX_SEM_FN i64 floordivsiBy(i64 a, UDivisor d, int w) {
+  const u64 q = magnitudeQuotient((u64)a, d);
+  if (!negativeDivisor(d))
+    return wrap(q, w);
+  const bool exact = (u64)a == q * d.divisor;
+  return wrap(0ull - q - (exact || d.divisor == 1 ? 0 : 1), w);
+}
+DFLEX_SEM_FN i64 ceildivsiBy(i64 a, UDivisor d, int w) {
+  if (udivisorKind(d) == kDivideByZero)
+    return 0;
+  const u64 q = magnitudeQuotient((u64)a, d);
+  if (negativeDivisor(d))
+    return wrap(0ull - q, w);
+  return wrap(q + ((u64)a != q * d.divisor ? 1 : 0), w);
+}
+
 DFLEX_SEM_FN i64 maxsi(i64 a, i64 b) { return a > b ? a : b; }
 DFLEX_SEM_FN i64 minsi(i64 a, i64 b) { return a < b ? a : b; }
 DFLEX_SEM_FN i64 maxui(i64 a, i64 b, int w) {

@@ -311,6 +311,36 @@ TEST(Codegen, LaunchInvariantDivisorsDivideExactlyByMultiplication) {
       }
     }
   EXPECT_GT(checked, 200000);
+
+  // Signed: non-negative numerators, divisors of either sign (-1 and the
+  // minimum values included): divsi, remsi, floordivsi and ceildivsi.
+  std::vector<int64_t> signedDivisors = {0, 1, -1, 2, -2, 3, -3, 7, -7, 64, -64, INT32_MIN, INT32_MAX,
+                                         INT64_MIN, INT64_MAX, int64_t(1) << 32, -(int64_t(1) << 32)};
+  for (int i = 0; i < 2000; ++i)
+    signedDivisors.push_back(int64_t(rng()) >> (rng() % 64));
+  checked = 0;
+  for (int64_t d : signedDivisors)
+    for (int w : {64, 32}) {
+      const int64_t b = sem::wrap(uint64_t(d), w);
+      const sem::UDivisor divisor = sem::makeSDivisor(b, w);
+      const int64_t top = w == 64 ? (int64_t(1) << 32) - 1 : INT32_MAX;
+      std::vector<int64_t> numerators = {0, 1, top, top - 1, INT32_MAX};
+      const int64_t magnitude = b < 0 ? -(b + 1) : b; // avoids overflowing at the minimum
+      if (magnitude <= top)
+        for (int64_t delta = -1; delta <= 2; ++delta)
+          if (magnitude + delta >= 0 && magnitude + delta <= top)
+            numerators.push_back(magnitude + delta);
+      for (int k = 0; k < 64; ++k)
+        numerators.push_back(int64_t(rng() % uint64_t(top + 1)));
+      for (int64_t a : numerators) {
+        ASSERT_EQ(sem::divsiBy(a, divisor, w), sem::divsi(a, b, w)) << a << " / " << b << " w" << w;
+        ASSERT_EQ(sem::remsiBy(a, divisor, w), sem::remsi(a, b, w)) << a << " % " << b << " w" << w;
+        ASSERT_EQ(sem::floordivsiBy(a, divisor, w), sem::floordivsi(a, b, w)) << a << " floor/ " << b;
+        ASSERT_EQ(sem::ceildivsiBy(a, divisor, w), sem::ceildivsi(a, b, w)) << a << " ceil/ " << b;
+        ++checked;
+      }
+    }
+  EXPECT_GT(checked, 200000);
 }
 
 TEST(Codegen, DivisionsByLaunchInvariantsGetADivisorSlot) {
@@ -336,8 +366,36 @@ TEST(Codegen, DivisionsByLaunchInvariantsGetADivisorSlot) {
   EXPECT_EQ(packed.divisor, 48u);
   EXPECT_EQ(sem::divuiBy(1000, packed, 64), 1000 / 48);
 
-  // A numerator read from a tensor has no proven range, and a constant
-  // divisor is NVRTC's to reduce: both stay divisions.
+  // Signed divisions of non-negative numerators by an invariant get a
+  // signed divisor; a numerator read from a tensor has no proven range, and
+  // a constant divisor is NVRTC's to reduce: both stay divisions.
+  auto floors = test::LoadedModule::fromString(R"(
+    dflex.mask @m(%b: index, %h: index, %q_idx: index, %kv_idx: index) captures(%n: index) {
+      %a = arith.floordivsi %q_idx, %n : index
+      %lag = arith.subi %n, %h : index
+      %r = arith.remsi %kv_idx, %lag : index
+      %v = arith.cmpi slt, %a, %r : index
+      dflex.yield %v : i1
+    })");
+  ASSERT_TRUE(floors.module);
+  expr::Program floorMask = floors.program("m");
+  auto floorLayout = codegen::layoutVariant(floorMask, nullptr);
+  ASSERT_TRUE(floorLayout.ok());
+  ASSERT_EQ(floorLayout.value().divisors.size(), 1u) << "n - h depends on h: no divisor for it";
+  EXPECT_TRUE(floorLayout.value().divisors[0].isSigned);
+  const std::string floorSource = codegen::emitVariant("Floors", floorLayout.value(), floorMask, nullptr);
+  EXPECT_NE(floorSource.find("floordivsiBy("), std::string::npos) << floorSource;
+  EXPECT_NE(floorSource.find("remsi("), std::string::npos) << floorSource;
+  for (int64_t n : {int64_t(-7), int64_t(-1), int64_t(0), int64_t(1), int64_t(5), int64_t(1) << 33}) {
+    auto packed = codegen::packVariant(floorLayout.value(), {{"n", CaptureValue::ofScalar(Value::ofInt(n))}},
+                                       floorMask, nullptr);
+    ASSERT_TRUE(packed.ok());
+    sem::UDivisor divisor;
+    std::memcpy(&divisor, packed.value().data() + 8, sizeof divisor);
+    for (int64_t q : {int64_t(0), int64_t(1), int64_t(6), int64_t(7), int64_t(8), int64_t(1000)})
+      EXPECT_EQ(sem::floordivsiBy(q, divisor, 64), sem::floordivsi(q, n, 64)) << q << " // " << n;
+  }
+
   auto other = test::LoadedModule::fromString(R"(
     dflex.mask @m(%b: index, %h: index, %q_idx: index, %kv_idx: index)
         captures(%t: tensor<?xi64>, %n: index) {
