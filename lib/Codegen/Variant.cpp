@@ -163,6 +163,18 @@ std::vector<int32_t> divisionsByInvariants(const Program &program) {
   return divisions;
 }
 
+/// The divisor slot division instruction n of `program` reads (no field or
+/// offset yet).
+DivisorSlot divisorOf(const Program &program, int32_t n, bool inScoreMod) {
+  const Instruction &inst = program.instructions[n];
+  DivisorSlot slot;
+  slot.inScoreMod = inScoreMod;
+  slot.instruction = inst.operands[1];
+  slot.width = expr::intWidth(inst.type);
+  slot.isSigned = isSignedDivision(inst.op);
+  return slot;
+}
+
 } // namespace
 
 Result<VariantLayout> layoutVariant(const Program &mask, const Program *scoreMod) {
@@ -170,12 +182,7 @@ Result<VariantLayout> layoutVariant(const Program &mask, const Program *scoreMod
   int offset = 0;
   auto addDivisors = [&](const Program &program, bool inScoreMod) {
     for (int32_t n : divisionsByInvariants(program)) {
-      const Instruction &inst = program.instructions[n];
-      DivisorSlot slot;
-      slot.inScoreMod = inScoreMod;
-      slot.instruction = inst.operands[1];
-      slot.width = expr::intWidth(inst.type);
-      slot.isSigned = isSignedDivision(inst.op);
+      DivisorSlot slot = divisorOf(program, n, inScoreMod);
       bool known = false;
       for (const DivisorSlot &existing : layout.divisors)
         known = known || existing.sameDivisor(slot);
@@ -263,12 +270,7 @@ public:
               bool isScoreMod)
       : out(out), program(program), layout(layout) {
     for (int32_t n : divisionsByInvariants(program)) {
-      const Instruction &inst = program.instructions[n];
-      DivisorSlot wanted;
-      wanted.inScoreMod = isScoreMod;
-      wanted.instruction = inst.operands[1];
-      wanted.width = expr::intWidth(inst.type);
-      wanted.isSigned = isSignedDivision(inst.op);
+      const DivisorSlot wanted = divisorOf(program, n, isScoreMod);
       for (const DivisorSlot &slot : layout.divisors)
         if (slot.sameDivisor(wanted))
           divisorField[n] = slot.field;

@@ -299,13 +299,22 @@ void DrafterGatedDeltaImpl::initialise(at::Generator &generator) {
   weights.norm.fill_(1.0);
 }
 
+std::vector<std::vector<int64_t>> DrafterGatedDeltaCall::blocksOfRuns() const {
+  std::vector<std::vector<int64_t>> members(runOffsets.size() - 1);
+  for (size_t block = 0; block < blockRun.size(); ++block)
+    if (blockRun[block] >= 0)
+      members.at(size_t(blockRun[block])).push_back(int64_t(block));
+  for (std::vector<int64_t> &order : members)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return blockAfter[size_t(a)] < blockAfter[size_t(b)]; });
+  return members;
+}
+
 Tensor drafterGatedDeltaRule(const DrafterGatedDeltaCall &call) {
   const GatedDeltaRuleInputs &blocks = call.blocks;
-  const int64_t rows = blocks.v.size(0), runs = int64_t(call.runOffsets.size()) - 1;
-  std::vector<std::vector<int64_t>> members(size_t(std::max<int64_t>(runs, 0)));
-  for (int64_t block = 0; block < rows; ++block)
-    if (call.blockRun[size_t(block)] >= 0)
-      members.at(size_t(call.blockRun[size_t(block)])).push_back(block);
+  const int64_t rows = blocks.v.size(0);
+  const std::vector<std::vector<int64_t>> members = call.blocksOfRuns();
+  const int64_t runs = int64_t(members.size());
   std::vector<Tensor> states{torch::zeros({1, blocks.v.size(2), blocks.q.size(3), blocks.v.size(3)},
                                           blocks.v.options().dtype(computeType(blocks.v)))};
   std::vector<int64_t> stateOf(size_t(rows), 0);

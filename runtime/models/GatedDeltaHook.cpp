@@ -99,17 +99,11 @@ DrafterGatedDeltaFn drafterGatedDeltaHook(const std::shared_ptr<const GatedDelta
     // output | the call's outputs].
     std::vector<int64_t> probeOutput(static_cast<size_t>(blockTokens), 0);
     std::vector<int64_t> ownOutput(static_cast<size_t>(blockTokens));
-    std::vector<std::vector<int64_t>> members(call.runOffsets.size() - 1);
-    for (int64_t block = 0; block < rows; ++block)
-      if (call.blockRun[size_t(block)] >= 0)
-        members.at(size_t(call.blockRun[size_t(block)])).push_back(block);
+    const std::vector<std::vector<int64_t>> members = call.blocksOfRuns();
     for (size_t run = 0; run < members.size(); ++run) {
-      std::vector<int64_t> &order = members[run];
+      const std::vector<int64_t> &order = members[run];
       if (order.empty())
         continue;
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-        return call.blockAfter[size_t(a)] < call.blockAfter[size_t(b)];
-      });
       int64_t token = call.runOffsets[run];
       for (int64_t block : order) {
         for (const int64_t end = call.runOffsets[run] + call.blockAfter[size_t(block)]; token < end;

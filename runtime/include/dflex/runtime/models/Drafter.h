@@ -158,6 +158,10 @@ struct DrafterGatedDeltaCall {
   const std::vector<int64_t> &runOffsets;
   const std::vector<int64_t> &blockRun, &blockAfter;
   const GatedDeltaRuleInputs &blocks;
+
+  /// Per run, the blocks that continue it, by their tokens before the
+  /// anchor (ties in block order).
+  std::vector<std::vector<int64_t>> blocksOfRuns() const;
 };
 using DrafterGatedDeltaFn = std::function<torch::Tensor(const DrafterGatedDeltaCall &)>;
 
