@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """dflex attention against torch.compile'd flex_attention, in one process.
 
-usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--quick | --dflash-only] [--kernels LIST]
+usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--quick | --dflash-only | --masks[=T,...]]
+                          [--kernels LIST]
 
 BUNDLES_DIR holds one bundle per example (dflex-compile output). For each
 shape: forward and forward+backward time (CUDA events; calls back to back,
@@ -14,7 +15,10 @@ captures on the host (where a data loader hands them over); dflex's tile
 lists are built inside every timed call. Prints JSON rows and tables last.
 
 --quick leaves out the causal shapes; --dflash-only measures the DFlash
-shape alone.
+shape alone. --masks measures the other examples instead, masks of the kinds
+users write (a run-time chunk size, documents, windows, prefixes, score
+mods), at a small and a training length (default 1300 and 8192 tokens, or
+the comma-separated lengths given), each at its spec's heads and head dim.
 
 --kernels LIST: comma-separated DFLEX_ATTENTION_KERNELS values (auto,
 portable, sm90); dflex is measured once per value, against the same flex
@@ -35,6 +39,9 @@ from timing import median_ms, steady_ms
 LIB, BUNDLES = sys.argv[1], sys.argv[2]
 QUICK = "--quick" in sys.argv
 DFLASH_ONLY = "--dflash-only" in sys.argv
+MASK_LENGTHS = next(([int(t) for t in arg.split("=", 1)[1].split(",")] if "=" in arg else [1300, 8192]
+                     for arg in sys.argv if arg.startswith("--masks")), None)
+DFLASH = MASK_LENGTHS is None  # the DFlash shapes, the causal ones and the anchor layouts
 KERNELS = [os.environ.get("DFLEX_ATTENTION_KERNELS") or "auto"]
 for i, arg in enumerate(sys.argv):
     if arg.startswith("--kernels="):
@@ -105,11 +112,11 @@ def random_anchors(count, context):
     return torch.sort(torch.randperm(context - 1, device=dev)[:count] + 1).values.to(torch.int32)
 
 
-def compare(case, batch, hq, hkv, tq, tkv, d, dflex_fwd, mask_mod, extra=None):
+def compare(case, batch, hq, hkv, tq, tkv, d, dflex_fwd, mask_mod, extra=None, score_mod=None):
     make = inputs(batch, hq, hkv, tq, tkv, d)
     block_mask = create_block_mask(mask_mod, batch, None, tq, tkv, device=dev)
     compiled = torch.compile(flex_attention, dynamic=False)
-    flex = measure("flex_compiled", lambda q, k, v: compiled(q, k, v, block_mask=block_mask,
+    flex = measure("flex_compiled", lambda q, k, v: compiled(q, k, v, block_mask=block_mask, score_mod=score_mod,
                                                              enable_gqa=True), make)
     for choice in KERNELS:
         try:
@@ -142,10 +149,11 @@ def dflash_mask(b, h, q, kv):
 
 # One document per row: every block's context starts at 0.
 context_start = torch.zeros(1, ANCHORS, dtype=torch.int32)
-compare("dflash 8192x16384 32/8 d128", 1, 32, 8, ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK, 128,
-        dflex_forward("dflash", "drafter_attention",
-                      [anchors[None].cpu(), context_start, torch.tensor(CONTEXT, dtype=torch.int64)]),
-        dflash_mask)
+if DFLASH:
+    compare("dflash 8192x16384 32/8 d128", 1, 32, 8, ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK, 128,
+            dflex_forward("dflash", "drafter_attention",
+                          [anchors[None].cpu(), context_start, torch.tensor(CONTEXT, dtype=torch.int64)]),
+            dflash_mask)
 
 WINDOW = 2048
 
@@ -160,26 +168,69 @@ def dflash_window_mask(b, h, q, kv):
     return torch.where(kv < CONTEXT, ctx, own)
 
 
-if not DFLASH_ONLY:
+if DFLASH and not DFLASH_ONLY:
     compare("dflash sliding window 2048", 1, 32, 8, ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK, 128,
             dflex_forward("dflash_sliding_window", "drafter_sliding_window_attention",
                           [anchors[None].cpu(), context_start, torch.tensor(CONTEXT, dtype=torch.int64),
                            torch.tensor(WINDOW, dtype=torch.int64)]),
             dflash_window_mask)
 
-if not QUICK and not DFLASH_ONLY:
+if DFLASH and not QUICK and not DFLASH_ONLY:
     causal = lambda b, h, q, kv: q >= kv
     compare("causal T=8192 32/8 d128", 1, 32, 8, 8192, 8192, 128,
             dflex_forward("causal", "causal_attention", []), causal)
     compare("causal T=8192 16/2 d256", 1, 16, 2, 8192, 8192, 256,
             dflex_forward("causal_d256", "causal_d256", []), causal)
 
+def user_masks(t):
+    """The other examples at length t: (case, bundle, spec, heads, kv heads, head dim, captures,
+    mask_mod, score_mod), with sizes that are not tile multiples."""
+    causal = lambda b, h, q, kv: q >= kv
+    chunk = 300
+    generator = torch.Generator().manual_seed(t)
+    # Documents of 40 to 800 tokens: most visited tiles straddle a document border.
+    lengths = torch.randint(40, 800, (t,), generator=generator)
+    ids = torch.repeat_interleave(torch.arange(t, dtype=torch.int32), lengths)[:t][None]
+    ids_gpu = ids.to(dev)
+    window, dilation, span = 1000, 4, 64
+    prefix = torch.tensor([t // 3], dtype=torch.int32)
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / 16) for h in range(16)])
+    slopes_gpu = slopes.to(dev)
+    distance = 128
+    table = torch.randn(16, 2 * distance + 1, generator=generator)
+    table_gpu = table.to(dev)
+    index = lambda value: torch.tensor(value, dtype=torch.int64)
+    return [
+        ("chunked_causal 300", "chunked_causal", "chunked_causal_attention", 8, 2, 128, [index(chunk)],
+         lambda b, h, q, kv: (q >= kv) & (q // chunk == kv // chunk), None),
+        ("document_mask", "document_mask", "document_attention", 32, 8, 128, [ids],
+         lambda b, h, q, kv: (ids_gpu[b, q] == ids_gpu[b, kv]) & (q >= kv), None),
+        ("sliding_window 1000", "sliding_window", "sliding_window_attention", 32, 8, 128, [index(window)],
+         lambda b, h, q, kv: (q >= kv) & (q - kv < window), None),
+        ("dilated 64x4", "dilated_sliding_window", "dilated_attention", 32, 8, 128, [index(span), index(dilation)],
+         lambda b, h, q, kv: (q >= kv) & (q - kv < span * dilation) & ((q - kv) % dilation == 0), None),
+        ("prefix_lm t/3", "prefix_lm", "prefix_lm_attention", 16, 16, 64, [prefix],
+         lambda b, h, q, kv: (kv < t // 3) | (q >= kv), None),
+        ("softcap 50", "softcap", "softcap_attention", 16, 8, 256, [], causal,
+         lambda s, b, h, q, kv: 50.0 * torch.tanh(s / 50.0)),
+        ("alibi", "alibi", "alibi_attention", 16, 16, 128, [slopes], causal,
+         lambda s, b, h, q, kv: s - slopes_gpu[h] * (q - kv)),
+        ("relative_bias 128", "relative_bias", "relative_bias_attention", 16, 4, 64, [table], causal,
+         lambda s, b, h, q, kv: s + table_gpu[h, (q - kv + distance).clamp(0, 2 * distance)]),
+    ]
+
+
+for t in MASK_LENGTHS or ():
+    for case, bundle, spec, hq, hkv, d, captures, mask_mod, score_mod in user_masks(t):
+        compare(f"{case} T={t} {hq}/{hkv} d{d}", 1, hq, hkv, t, t, d, dflex_forward(bundle, spec, captures),
+                mask_mod, score_mod=score_mod)
+
 # A new anchor layout each step: dflex builds its tile lists inside the call;
 # flex needs create_block_mask, and compiled flex recompiles for each new
 # anchor count (new query length). dflex runs the first --kernels choice.
 new_layout = []
 os.environ["DFLEX_ATTENTION_KERNELS"] = KERNELS[0]
-for count in () if DFLASH_ONLY else (480, 500, 512):
+for count in (480, 500, 512) if DFLASH and not DFLASH_ONLY else ():
     fresh = random_anchors(count, CONTEXT)
     tq, tkv = count * BLOCK, CONTEXT + count * BLOCK
     make = inputs(1, 32, 8, tq, tkv, 128)

@@ -5,7 +5,8 @@
 # scripts/prepare_gpu.sh in .device/bundles. Logs go to $OUT (or /tmp/dflex-gpu).
 # DFLEX_SKIP_CHECKS=1 runs only the benchmarks, DFLEX_SKIP_BENCH=1 only the checks
 # (the two halves fit one device call each); DFLEX_ONLY="name ..." runs only the
-# steps named (after the build); DFLEX_SANITIZE=1 adds
+# steps named (after the build); DFLEX_MASK_LENGTHS="1300,8192" picks the
+# lengths of the user-mask benchmark; DFLEX_SANITIZE=1 adds
 # compute-sanitizer memcheck and racecheck on both kernel harnesses.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,6 +73,10 @@ step build build_runtime
   step gated_delta_sanitizer make -C test/gpu/gated_delta sanitize BUILD_DIR="$root/build-gpu-gdn"
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step attention_bench python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles ${DFLEX_BENCH_ARGS:-}
+# The other examples, masks of the kinds users write, at a small and a training length.
+[ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
+  step attention_bench_masks python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so .device/bundles \
+    --masks${DFLEX_MASK_LENGTHS:+=$DFLEX_MASK_LENGTHS}
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step train_bench python3 bench/train_bench.py build-gpu .device/bundles
 # dflex-train against the PyTorch recipe on the same batches, side by side.
@@ -91,7 +96,7 @@ step build build_runtime
 
 echo
 echo "== tables"
-grep -h '^|' "$logs/attention_bench.log" "$logs/train_bench.log" "$logs/recipe_bench.log" "$logs/recipe_bench_hybrid.log" \
+grep -h '^|' "$logs/attention_bench.log" "$logs/attention_bench_masks.log" "$logs/train_bench.log" "$logs/recipe_bench.log" "$logs/recipe_bench_hybrid.log" \
   "$logs/default_run.log" 2>/dev/null
 grep -h -A8 '^| kernel' "$logs/attention_profile.log" 2>/dev/null
 grep -h '"impl": "fla"' "$logs/gated_delta_fla_bench.log" 2>/dev/null
