@@ -23,10 +23,16 @@ dflex / baseline of this call.
 baseline with SDPA on a dense mask, as flex_attention has no CPU backward): a check that both
 trainers compute the same thing, not a measurement.
 
-usage: recipe_bench.py BUILD_DIR [BUNDLES_DIR] [--target dense|hybrid] [--steps N] [--layers L] [--smoke]"""
+--dflex-only runs dflex-train's half alone (its step parts, no ratio). The work folder (the target,
+checkpoints, batches: tens of GB at the GPU shapes) is removed at the end unless --keep.
+
+usage: recipe_bench.py BUILD_DIR [BUNDLES_DIR] [--target dense|hybrid] [--steps N] [--layers L] [--smoke]
+                       [--dflex-only] [--keep]"""
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,10 +50,14 @@ parser.add_argument("--steps", type=int, default=40)
 parser.add_argument("--layers", type=int)
 parser.add_argument("--agreement-steps", type=int, default=3)
 parser.add_argument("--smoke", action="store_true")
+parser.add_argument("--dflex-only", action="store_true")
+parser.add_argument("--keep", action="store_true")
 args = parser.parse_args()
 if not args.smoke and not args.bundles:
     parser.error("BUNDLES_DIR is needed on the GPU (--smoke runs without)")
 work = tempfile.mkdtemp(prefix="dflex-recipe-bench-")
+if not args.keep:
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
 here = os.path.dirname(os.path.abspath(__file__))
 device = "cpu" if args.smoke else "cuda"
 target_dir = os.path.join(work, "target")
@@ -107,6 +117,20 @@ run = subprocess.run([train, "--config", config_path, "--plain", "--no-report", 
 if run.returncode != 0:
     sys.exit(f"recipe_bench: dflex-train exited {run.returncode}")
 dflex = [json.loads(line) for line in open(os.path.join(work, "dflex", "metrics.jsonl"))]
+warm = max(2, args.steps // 10)  # steps left out of the means: compile, autotune, first allocations
+PARTS = ("target_forward", "drafter_forward", "backward", "optimizer")
+
+
+def mean_part(lines, part):
+    return statistics.mean(line["times_ms"][part] for line in lines[warm:])
+
+
+if args.dflex_only:
+    print(f"\n| {args.steps} updates, means after {warm} | dflex-train |\n|---|---|")
+    print(f"| context tokens/s | {statistics.mean(line['tokens_per_s'] for line in dflex[warm:]):.0f} |")
+    for part in PARTS:
+        print(f"| {part} ms | {mean_part(dflex, part):.1f} |")
+    sys.exit(0)
 
 baseline_log = os.path.join(work, "baseline.jsonl")
 baseline_launch = time.time()
@@ -143,16 +167,11 @@ def step_seconds(lines, launched):
     return [b - a for a, b in zip(times, times[1:])]
 
 
-warm = max(2, args.steps // 10)  # steps left out of the means: compile, autotune, first allocations
 ours_steps, theirs_steps = step_seconds(dflex, launch), step_seconds(baseline, baseline_launch)
 ours_tps = statistics.mean(line["tokens_per_s"] for line in dflex[warm:])
 theirs_tps = statistics.mean(line["context_tokens"] / line["seconds"] for line in baseline[warm:])
 ours_peak = max(max(line["peak_memory_bytes"].values()) for line in dflex) / 2**30
 theirs_peak = max(line["peak_memory_bytes"] for line in baseline) / 2**30
-
-
-def mean_part(lines, part):
-    return statistics.mean(line["times_ms"][part] for line in lines[warm:])
 
 
 def stall(seconds):
@@ -163,7 +182,7 @@ def stall(seconds):
 print(f"\n| {args.steps} updates, means after {warm} | dflex-train | PyTorch recipe | dflex / recipe |")
 print("|---|---|---|---|")
 print(f"| context tokens/s | {ours_tps:.0f} | {theirs_tps:.0f} | {ours_tps / theirs_tps:.2f}x |")
-for part in ("target_forward", "drafter_forward", "backward", "optimizer"):
+for part in PARTS:
     print(f"| {part} ms | {mean_part(dflex, part):.1f} | {mean_part(baseline, part):.1f} | |")
 if theirs_peak > 0:  # CUDA's allocator; not counted on the CPU
     print(f"| peak memory GiB | {ours_peak:.2f} | {theirs_peak:.2f} | {ours_peak / theirs_peak:.2f}x |")

@@ -34,6 +34,7 @@ DrafterOptimizer::DrafterOptimizer(std::vector<std::pair<std::string, torch::Ten
     slot.master = parameter.detach().to(torch::kFloat).clone();
     slot.expAvg = torch::zeros_like(slot.master);
     slot.expAvgSq = torch::zeros_like(slot.master);
+    slot.updates = torch::zeros({}, slot.master.options());
     slots_.push_back(std::move(slot));
   }
   // Buckets from the last parameter back; each slot's accumulator is a view.
@@ -124,53 +125,50 @@ void DrafterOptimizer::accumulate() {
 DrafterOptimizer::StepResult DrafterOptimizer::step(double learningRate, double gradScale) {
   torch::NoGradGuard noGrad;
   StepResult result;
-  // The global norm and the first non-finite gradient, with one copy to the
-  // host for all tensors.
-  std::vector<torch::Tensor> sums;
+  std::vector<torch::Tensor> masters, grads, expAvgs, expAvgSqs, counts, parameters;
   for (Slot &slot : slots_) {
-    if (gradScale != 1.0)
-      slot.grad.mul_(gradScale);
-    sums.push_back(slot.grad.to(torch::kDouble).pow(2).sum());
+    masters.push_back(slot.master);
+    grads.push_back(slot.grad);
+    expAvgs.push_back(slot.expAvg);
+    expAvgSqs.push_back(slot.expAvgSq);
+    counts.push_back(slot.updates);
+    parameters.push_back(slot.parameter);
   }
-  const torch::Tensor hostSums = torch::stack(sums).cpu();
-  const auto sum = hostSums.accessor<double, 1>();
+  // The global norm and the first non-finite gradient from per-tensor
+  // norms, with one copy to the host for all tensors.
+  const torch::Tensor norms = torch::stack(at::_foreach_norm(grads, 2)).to(torch::kDouble).cpu();
+  const auto norm = norms.accessor<double, 1>();
   double squares = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!std::isfinite(sum[int64_t(i)]) && result.badTensor.empty())
+    const double scaled = gradScale * norm[int64_t(i)];
+    if (!std::isfinite(scaled) && result.badTensor.empty())
       result.badTensor = slots_[i].name;
-    squares += sum[int64_t(i)];
+    squares += scaled * scaled;
   }
   result.gradNorm = std::sqrt(squares);
   if (!result.badTensor.empty()) {
     discardGradients();
     return result;
   }
-  // As torch.nn.utils.clip_grad_norm_.
+  // As torch.nn.utils.clip_grad_norm_, folded into the gradients' scale.
   const double clip = options_.gradClip > 0 ? options_.gradClip / (result.gradNorm + 1e-6) : 1.0;
+  const double factor = gradScale * std::min(clip, 1.0);
+  if (factor != 1.0)
+    at::_foreach_mul_(buckets_, factor);
   ++updates_;
-  const double correction1 = 1.0 - std::pow(options_.beta1, double(updates_));
-  const double correction2 = 1.0 - std::pow(options_.beta2, double(updates_));
-  for (Slot &slot : slots_) {
-    if (clip < 1.0)
-      slot.grad.mul_(clip);
-    // torch::optim::AdamW's update, in the same order and precision.
-    slot.master.mul_(1.0 - learningRate * options_.weightDecay);
-    slot.expAvg.mul_(options_.beta1).add_(slot.grad, 1.0 - options_.beta1);
-    slot.expAvgSq.mul_(options_.beta2).addcmul_(slot.grad, slot.grad, 1.0 - options_.beta2);
-    const torch::Tensor denominator =
-        (slot.expAvgSq.sqrt() / std::sqrt(correction2)).add_(options_.eps);
-    slot.master.addcdiv_(slot.expAvg, denominator, -learningRate / correction1);
-    slot.parameter.copy_(slot.master);
-    slot.grad.zero_();
-  }
+  at::_foreach_add_(counts, 1.0);
+  at::_fused_adamw_(masters, grads, expAvgs, expAvgSqs, /*max_exp_avg_sqs=*/{}, counts, learningRate,
+                    options_.beta1, options_.beta2, options_.weightDecay, options_.eps,
+                    /*amsgrad=*/false, /*maximize=*/false);
+  at::_foreach_copy_(parameters, masters);
+  discardGradients();
   result.applied = true;
   return result;
 }
 
 void DrafterOptimizer::discardGradients() {
   torch::NoGradGuard noGrad;
-  for (Slot &slot : slots_)
-    slot.grad.zero_();
+  at::_foreach_zero_(buckets_);
 }
 
 std::map<std::string, torch::Tensor> DrafterOptimizer::state() const {
@@ -201,9 +199,11 @@ void DrafterOptimizer::loadState(const std::map<std::string, torch::Tensor> &sta
     slot.expAvg.copy_(entry("exp_avg." + slot.name, slot.master));
     slot.expAvgSq.copy_(entry("exp_avg_sq." + slot.name, slot.master));
     slot.parameter.copy_(slot.master);
-    slot.grad.zero_();
   }
   updates_ = entry("updates", torch::tensor(int64_t(0))).item<int64_t>();
+  for (Slot &slot : slots_)
+    slot.updates.fill_(double(updates_));
+  discardGradients();
 }
 
 } // namespace dflex::runtime

@@ -3,6 +3,8 @@
 // updates in float32), gradients accumulated in float32 over the micro-steps
 // of one update, global gradient-norm clipping, and a step that refuses
 // non-finite gradients, naming the tensor, without touching any weight. The
+// update is LibTorch's fused multi-tensor AdamW (one pass over the state, as
+// torch.optim.AdamW(fused=True)), the norms one multi-tensor pass. The
 // learning rate follows a linear warmup then a cosine decay to 0.
 #pragma once
 
@@ -97,6 +99,7 @@ private:
   struct Slot {
     std::string name;
     torch::Tensor parameter, master, grad, expAvg, expAvgSq;
+    torch::Tensor updates; // float32 scalar beside the master: the fused update's count
     size_t bucket = 0;
     bool streamed = false; // its gradient came through a hook this micro-step
   };
