@@ -143,35 +143,46 @@ std::vector<std::pair<int64_t, int64_t>> integerRanges(const Program &program) {
   return range;
 }
 
-/// The divisions, remainders, floor and ceiling divisions of `program`
-/// (signed or unsigned) whose divisor is launch-invariant but not a
-/// constant (NVRTC reduces those itself) and whose numerator is proven
-/// within [0, 2^32).
-std::vector<int32_t> divisionsByInvariants(const Program &program) {
+/// A division by a launch-invariant divisor and the kind of magic it takes.
+struct InvariantDivision {
+  int32_t instruction;
+  bool wide;
+};
+
+/// The divisions, remainders, floor and ceiling divisions of `program` whose
+/// divisor is launch-invariant but not a constant (NVRTC reduces those
+/// itself): those whose numerator is proven within [0, 2^32) (or is an
+/// unsigned value of at most 32 bits) take a sem::UDivisor, other unsigned
+/// ones a sem::WideUDivisor; other signed ones stay divisions.
+std::vector<InvariantDivision> divisionsByInvariants(const Program &program) {
   const std::vector<bool> invariant = launchInvariant(program);
   const auto range = integerRanges(program);
-  std::vector<int32_t> divisions;
+  std::vector<InvariantDivision> divisions;
   for (size_t n = 0; n < program.instructions.size(); ++n) {
     const Instruction &inst = program.instructions[n];
-    if (!isUnsignedDivision(inst.op) && !isSignedDivision(inst.op))
+    const bool isUnsigned = isUnsignedDivision(inst.op);
+    if (!isUnsigned && !isSignedDivision(inst.op))
       continue;
     const int32_t numerator = inst.operands[0], divisor = inst.operands[1];
-    if (invariant[divisor] && program.instructions[divisor].op != Opcode::Constant &&
-        range[numerator].first >= 0 && range[numerator].second < (int64_t(1) << 32))
-      divisions.push_back(int32_t(n));
+    if (!invariant[divisor] || program.instructions[divisor].op == Opcode::Constant)
+      continue;
+    const bool narrow = (range[numerator].first >= 0 && range[numerator].second < (int64_t(1) << 32)) ||
+                        (isUnsigned && expr::intWidth(inst.type) <= 32);
+    if (narrow || isUnsigned)
+      divisions.push_back({int32_t(n), !narrow});
   }
   return divisions;
 }
 
-/// The divisor slot division instruction n of `program` reads (no field or
-/// offset yet).
-DivisorSlot divisorOf(const Program &program, int32_t n, bool inScoreMod) {
-  const Instruction &inst = program.instructions[n];
+/// The divisor slot a division reads (no field or offset yet).
+DivisorSlot divisorOf(const Program &program, InvariantDivision division, bool inScoreMod) {
+  const Instruction &inst = program.instructions[division.instruction];
   DivisorSlot slot;
   slot.inScoreMod = inScoreMod;
   slot.instruction = inst.operands[1];
   slot.width = expr::intWidth(inst.type);
   slot.isSigned = isSignedDivision(inst.op);
+  slot.wide = division.wide;
   return slot;
 }
 
@@ -181,18 +192,18 @@ Result<VariantLayout> layoutVariant(const Program &mask, const Program *scoreMod
   VariantLayout layout;
   int offset = 0;
   auto addDivisors = [&](const Program &program, bool inScoreMod) {
-    for (int32_t n : divisionsByInvariants(program)) {
-      DivisorSlot slot = divisorOf(program, n, inScoreMod);
+    for (const InvariantDivision &division : divisionsByInvariants(program)) {
+      DivisorSlot slot = divisorOf(program, division, inScoreMod);
       bool known = false;
       for (const DivisorSlot &existing : layout.divisors)
         known = known || existing.sameDivisor(slot);
       if (known)
         continue;
       slot.field = std::string(inScoreMod ? "score_divisor" : "mask_divisor") +
-                   std::to_string(slot.instruction) + (slot.isSigned ? "_s" : "_u") +
+                   std::to_string(slot.instruction) + (slot.isSigned ? "_s" : slot.wide ? "_w" : "_u") +
                    std::to_string(slot.width);
       slot.offsetBytes = offset;
-      offset += DivisorSlot::kSizeBytes;
+      offset += slot.sizeBytes();
       layout.divisors.push_back(std::move(slot));
     }
   };
@@ -269,11 +280,11 @@ public:
   BodyEmitter(std::ostringstream &out, const Program &program, const VariantLayout &layout,
               bool isScoreMod)
       : out(out), program(program), layout(layout) {
-    for (int32_t n : divisionsByInvariants(program)) {
-      const DivisorSlot wanted = divisorOf(program, n, isScoreMod);
+    for (const InvariantDivision &division : divisionsByInvariants(program)) {
+      const DivisorSlot wanted = divisorOf(program, division, isScoreMod);
       for (const DivisorSlot &slot : layout.divisors)
         if (slot.sameDivisor(wanted))
-          divisorField[n] = slot.field;
+          divisorField[division.instruction] = {slot.field, slot.wide};
     }
   }
 
@@ -303,12 +314,14 @@ private:
   }
 
   /// fn(a, b, w), or its multiplication by the launch's divisor member
-  /// (fnBy) when instruction n divides by one.
+  /// (fnBy, fnWideBy) when instruction n divides by one.
   std::string byDivisor(int32_t n, const std::string &fn, const std::string &a, const std::string &b,
                         const std::string &w) const {
-    const auto field = divisorField.find(n);
-    return field == divisorField.end() ? fn + "(" + a + ", " + b + ", " + w + ")"
-                                       : fn + "By(" + a + ", " + field->second + ", " + w + ")";
+    const auto found = divisorField.find(n);
+    if (found == divisorField.end())
+      return fn + "(" + a + ", " + b + ", " + w + ")";
+    const auto &[field, wide] = found->second;
+    return fn + (wide ? "WideBy(" : "By(") + a + ", " + field + ", " + w + ")";
   }
 
   void emitInstruction(int32_t n) {
@@ -445,8 +458,9 @@ private:
   std::ostringstream &out;
   const Program &program;
   const VariantLayout &layout;
-  /// The divisions by a launch-invariant divisor: their divisor's member.
-  std::map<int32_t, std::string> divisorField;
+  /// The divisions by a launch-invariant divisor: their divisor's member,
+  /// and whether it is a wide one.
+  std::map<int32_t, std::pair<std::string, bool>> divisorField;
 };
 
 } // namespace
@@ -473,9 +487,9 @@ std::string emitVariant(const std::string &structName,
   }
   for (const DivisorSlot &slot : layout.divisors)
     out << "  // divisor: " << (slot.inScoreMod ? "score_mod" : "mask") << " value v" << slot.instruction
-        << ", " << (slot.isSigned ? "signed" : "unsigned") << " at " << slot.width << " bits, byte "
-        << slot.offsetBytes << "\n"
-        << "  ::dflex::sem::UDivisor " << slot.field << ";\n";
+        << ", " << (slot.isSigned ? "signed" : slot.wide ? "unsigned, any numerator," : "unsigned") << " at "
+        << slot.width << " bits, byte " << slot.offsetBytes << "\n"
+        << "  ::dflex::sem::" << (slot.wide ? "WideUDivisor " : "UDivisor ") << slot.field << ";\n";
   out << "\n  DFLEX_FUNCTOR bool mask(long long b, long long h, long long q_idx, "
          "long long kv_idx) const {\n"
          "    using namespace ::dflex::sem;\n";
@@ -573,6 +587,13 @@ Result<std::vector<uint8_t>> packVariant(const VariantLayout &layout,
     for (const DivisorSlot &slot : layout.divisors)
       if (slot.inScoreMod == inScoreMod) {
         const int64_t value = results.at(size_t(slot.instruction)).i;
+        if (slot.wide) {
+          const sem::WideUDivisor divisor = sem::makeWideUDivisor(value, slot.width);
+          put(slot.offsetBytes, static_cast<int64_t>(divisor.divisor));
+          put(slot.offsetBytes + 8, static_cast<int64_t>(divisor.magic));
+          put(slot.offsetBytes + 16, static_cast<int64_t>(divisor.shifts));
+          continue;
+        }
         const sem::UDivisor divisor =
             slot.isSigned ? sem::makeSDivisor(value, slot.width) : sem::makeUDivisor(value, slot.width);
         put(slot.offsetBytes, static_cast<int64_t>(divisor.divisor));
@@ -604,6 +625,7 @@ JsonValue toJson(const VariantLayout &layout) {
     d["instruction"] = slot.instruction;
     d["width"] = slot.width;
     d["signed"] = slot.isSigned;
+    d["wide"] = slot.wide;
     d["offset_bytes"] = slot.offsetBytes;
     divisors.push(std::move(d));
   }

@@ -5,14 +5,14 @@
 //   mask(b, h, q_idx, kv_idx), score_mod(s, ...), score_mod_grad(s, ...).
 // It is passed to kernels by value; its layout is a row of 8-byte slots, one
 // per scalar capture and 1 + 2 * rank per tensor capture (data, sizes,
-// strides), in the order of `VariantLayout::captures`, then two per
+// strides), in the order of `VariantLayout::captures`, then two or three per
 // launch-invariant divisor (`VariantLayout::divisors`): a division or
-// remainder (signed or unsigned) by a value computed from captures and
-// tensor sizes only, of
-// a numerator proven below 2^32, runs as a multiplication by a magic number
-// the host computes at launch (sem::UDivisor) instead of a division per
-// element. The mask's slots (captures, then divisors) come first, so a
-// mask-only layout is a prefix of the full one.
+// remainder by a value computed from captures and tensor sizes only runs as
+// a multiplication by a magic number the host computes at launch instead of
+// a division per element: sem::UDivisor (two slots) where the numerator is
+// proven below 2^32 (signed or unsigned), sem::WideUDivisor (three slots) for
+// other unsigned numerators. The mask's slots (captures, then divisors) come
+// first, so a mask-only layout is a prefix of the full one.
 //
 //===----------------------------------------------------------------------===//
 
@@ -47,12 +47,15 @@ struct DivisorSlot {
   int32_t instruction = 0;
   int width = 64;
   bool isSigned = false;
+  /// A sem::WideUDivisor (unsigned divisions whose numerator is not proven
+  /// below 2^32) rather than a sem::UDivisor.
+  bool wide = false;
   std::string field;
   int offsetBytes = 0;
-  static constexpr int kSizeBytes = 16;
+  int sizeBytes() const { return wide ? 24 : 16; }
   bool sameDivisor(const DivisorSlot &other) const {
     return inScoreMod == other.inScoreMod && instruction == other.instruction &&
-           width == other.width && isSigned == other.isSigned;
+           width == other.width && isSigned == other.isSigned && wide == other.wide;
   }
 };
 

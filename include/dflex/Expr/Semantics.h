@@ -218,6 +218,61 @@ DFLEX_SEM_FN i64 ceildivsiBy(i64 a, UDivisor d, int w) {
   return wrap(q + ((u64)a != q * d.divisor ? 1 : 0), w);
 }
 
+/// A launch-invariant divisor for unsigned numerators of any width up to 64
+/// bits (where codegen cannot bound them below 2^32, e.g. a difference that
+/// may wrap): the same round-up method at N = 64, with
+/// magic = floor(2^64 (2^l - d) / d) + 1 < 2^64 and t = mulhi64(magic, n).
+/// Exact for every 64-bit n and every d >= 1; d == 0 keeps x / 0 == 0.
+/// Three 8-byte words, the same on host and device.
+struct WideUDivisor {
+  u64 divisor; ///< asUnsigned(b, w)
+  u64 magic;
+  u64 shifts; ///< shift1 (bits 0-7), shift2 (8-15); 0 for a zero divisor
+};
+DFLEX_SEM_FN u64 mulhi64(u64 a, u64 b) {
+#if defined(__CUDA_ARCH__)
+  return __umul64hi(a, b);
+#else
+  return (u64)(((unsigned __int128)a * b) >> 64);
+#endif
+}
+#if !defined(__CUDACC_RTC__)
+/// Host only: the kernels receive the packed divisor.
+inline WideUDivisor makeWideUDivisor(i64 b, int w) {
+  WideUDivisor result{asUnsigned(b, w), 0, 0};
+  const u64 d = result.divisor;
+  if (d == 0)
+    return result;
+  int l = 0;
+  while (l < 64 && (1ull << l) < d)
+    ++l;
+  const unsigned __int128 above = ((unsigned __int128)1 << l) - d; // 2^l - d < d
+  result.magic = (u64)((above << 64) / d) + 1;
+  result.shifts = (u64)(l < 1 ? l : 1) | ((u64)(l > 1 ? l - 1 : 0) << 8);
+  return result;
+}
+#endif
+/// asUnsigned(n) / d for a non-zero wide divisor.
+DFLEX_SEM_FN u64 wideQuotient(u64 n, WideUDivisor d) {
+  const u64 t = mulhi64(d.magic, n);
+  return (t + ((n - t) >> (d.shifts & 0xff))) >> ((d.shifts >> 8) & 0xff);
+}
+/// divui, remui and ceildivui by a wide divisor, for every numerator.
+DFLEX_SEM_FN i64 divuiWideBy(i64 a, WideUDivisor d, int w) {
+  return d.divisor == 0 ? 0 : wrap(wideQuotient(asUnsigned(a, w), d), w);
+}
+DFLEX_SEM_FN i64 remuiWideBy(i64 a, WideUDivisor d, int w) {
+  const u64 n = asUnsigned(a, w);
+  return d.divisor == 0 ? 0 : wrap(n - wideQuotient(n, d) * d.divisor, w);
+}
+DFLEX_SEM_FN i64 ceildivuiWideBy(i64 a, WideUDivisor d, int w) {
+  const u64 n = asUnsigned(a, w);
+  if (d.divisor == 0)
+    return 0;
+  const u64 q = wideQuotient(n, d);
+  return wrap(q + (n - q * d.divisor != 0 ? 1 : 0), w);
+}
+
 DFLEX_SEM_FN i64 maxsi(i64 a, i64 b) { return a > b ? a : b; }
 DFLEX_SEM_FN i64 minsi(i64 a, i64 b) { return a < b ? a : b; }
 DFLEX_SEM_FN i64 maxui(i64 a, i64 b, int w) {

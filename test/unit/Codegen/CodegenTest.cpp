@@ -354,7 +354,8 @@ TEST(Codegen, DivisionsByLaunchInvariantsGetADivisorSlot) {
   ASSERT_EQ(layout.value().divisors.size(), 1u);
   EXPECT_EQ(layout.value().divisors[0].width, 64);
   EXPECT_EQ(layout.value().divisors[0].offsetBytes, 8);
-  EXPECT_EQ(layout.value().sizeBytes, 8 + codegen::DivisorSlot::kSizeBytes);
+  EXPECT_FALSE(layout.value().divisors[0].wide) << "both indices are below 2^32";
+  EXPECT_EQ(layout.value().sizeBytes, 8 + layout.value().divisors[0].sizeBytes());
   const std::string source = codegen::emitVariant("Chunked", layout.value(), mask, nullptr);
   EXPECT_NE(source.find("divuiBy("), std::string::npos) << source;
   EXPECT_EQ(source.find("divui("), std::string::npos) << source;
@@ -412,5 +413,52 @@ TEST(Codegen, DivisionsByLaunchInvariantsGetADivisorSlot) {
   expr::Program plain = other.program("m");
   auto plainLayout = codegen::layoutVariant(plain, nullptr);
   ASSERT_TRUE(plainLayout.ok());
-  EXPECT_TRUE(plainLayout.value().divisors.empty());
+  ASSERT_EQ(plainLayout.value().divisors.size(), 1u) << "the constant divisor is NVRTC's";
+  const codegen::DivisorSlot &wide = plainLayout.value().divisors[0];
+  EXPECT_TRUE(wide.wide) << "a numerator read from a tensor may be any 64-bit value";
+  EXPECT_EQ(plainLayout.value().sizeBytes, 8 + 24 + wide.sizeBytes());
+  const std::string plainSource = codegen::emitVariant("Plain", plainLayout.value(), plain, nullptr);
+  EXPECT_NE(plainSource.find("divuiWideBy("), std::string::npos) << plainSource;
+  EXPECT_NE(plainSource.find("remui("), std::string::npos) << plainSource;
+  auto plainBytes = codegen::packVariant(plainLayout.value(),
+                                     {{"t", CaptureValue::ofTensor(nullptr, ScalarType::I64, {3})},
+                                      {"n", CaptureValue::ofScalar(Value::ofInt(-3))}},
+                                     plain, nullptr);
+  ASSERT_TRUE(plainBytes.ok()) << plainBytes.error();
+  sem::WideUDivisor divisor;
+  std::memcpy(&divisor, plainBytes.value().data() + wide.offsetBytes, sizeof divisor);
+  EXPECT_EQ(divisor.divisor, uint64_t(-3));
+  for (int64_t a : {int64_t(-1), int64_t(-3), int64_t(-4), INT64_MIN, int64_t(5)})
+    EXPECT_EQ(sem::divuiWideBy(a, divisor, 64), sem::divui(a, -3, 64)) << a;
+}
+
+TEST(Codegen, WideDivisorsDivideEveryNumeratorExactly) {
+  // Unsigned numerators anywhere in 64 bits (a difference that wrapped, a
+  // value read from a tensor), divisors at the edges and random, at 64, 32
+  // and 8 bits: divuiWideBy, remuiWideBy and ceildivuiWideBy equal divui,
+  // remui and ceildivui, the divide-by-zero value included.
+  std::mt19937_64 rng(11);
+  std::vector<uint64_t> divisors = {0, 1, 2, 3, 5, 7, 10, 255, 256, 641, (1ull << 32) - 1, 1ull << 32,
+                                    (1ull << 32) + 1, (1ull << 63) - 1, 1ull << 63, (1ull << 63) + 1,
+                                    ~0ull - 1, ~0ull};
+  for (int i = 0; i < 2000; ++i)
+    divisors.push_back(rng() >> (rng() % 64));
+  int64_t checked = 0;
+  for (uint64_t d : divisors)
+    for (int w : {64, 32, 8}) {
+      const int64_t b = sem::wrap(d, w);
+      const sem::WideUDivisor divisor = sem::makeWideUDivisor(b, w);
+      std::vector<uint64_t> numerators = {0, 1, d - 1, d, d + 1, 2 * d, ~0ull, ~0ull - 1, 1ull << 63,
+                                          (1ull << 63) - 1, (1ull << 32) - 1, 1ull << 32};
+      for (int k = 0; k < 48; ++k)
+        numerators.push_back(rng() >> (rng() % 64));
+      for (uint64_t n : numerators) {
+        const int64_t a = sem::wrap(n, w);
+        ASSERT_EQ(sem::divuiWideBy(a, divisor, w), sem::divui(a, b, w)) << n << " / " << d << " w" << w;
+        ASSERT_EQ(sem::remuiWideBy(a, divisor, w), sem::remui(a, b, w)) << n << " % " << d << " w" << w;
+        ASSERT_EQ(sem::ceildivuiWideBy(a, divisor, w), sem::ceildivui(a, b, w)) << n << " ceil/ " << d;
+        ++checked;
+      }
+    }
+  EXPECT_GT(checked, 300000);
 }

@@ -1,0 +1,35 @@
+// RUN: dflex-compile %s --emit-cuda | FileCheck %s
+
+// Divisions by launch-invariant values become multiplications by a magic the
+// host computes: a 32-bit one where the numerator is proven below 2^32, a
+// 64-bit one for an unsigned numerator that may wrap; a constant divisor is
+// left to NVRTC.
+dflex.mask @dilated(%b: index, %h: index, %q: index, %kv: index) captures(%chunk: index, %dilation: index) {
+  %qc = arith.divui %q, %chunk : index
+  %kc = arith.divui %kv, %chunk : index
+  %same = arith.cmpi eq, %qc, %kc : index
+  %d = arith.subi %q, %kv : index
+  %phase = arith.remui %d, %dilation : index
+  %c0 = arith.constant 0 : index
+  %c3 = arith.constant 3 : index
+  %on = arith.cmpi eq, %phase, %c0 : index
+  %third = arith.remui %q, %c3 : index
+  %odd = arith.cmpi ne, %third, %c0 : index
+  %r0 = arith.andi %same, %on : i1
+  %r = arith.andi %r0, %odd : i1
+  dflex.yield %r : i1
+}
+
+dflex.attention @layer mask @dilated heads(8, 2) head_dim(64, 64) : bf16
+
+// CHECK-LABEL: struct Variant {
+// CHECK:         // divisor: mask value v{{[0-9]+}}, unsigned at 64 bits, byte 16
+// CHECK-NEXT:    ::dflex::sem::UDivisor [[CHUNK:mask_divisor[0-9]+_u64]];
+// CHECK-NEXT:    // divisor: mask value v{{[0-9]+}}, unsigned, any numerator, at 64 bits, byte 32
+// CHECK-NEXT:    ::dflex::sem::WideUDivisor [[DILATION:mask_divisor[0-9]+_w64]];
+// CHECK-LABEL: bool mask(
+// CHECK:         = divuiBy(v{{[0-9]+}}, [[CHUNK]], 64);
+// CHECK:         = divuiBy(v{{[0-9]+}}, [[CHUNK]], 64);
+// CHECK:         = remuiWideBy(v{{[0-9]+}}, [[DILATION]], 64);
+// CHECK:         = remui(v{{[0-9]+}}, v{{[0-9]+}}, 64);
+// CHECK:         return
