@@ -125,9 +125,10 @@ def mean_part(lines, part):
     return statistics.mean(line["times_ms"][part] for line in lines[warm:])
 
 
+ours_tps = statistics.mean(line["tokens_per_s"] for line in dflex[warm:])
 if args.dflex_only:
     print(f"\n| {args.steps} updates, means after {warm} | dflex-train |\n|---|---|")
-    print(f"| context tokens/s | {statistics.mean(line['tokens_per_s'] for line in dflex[warm:]):.0f} |")
+    print(f"| context tokens/s | {ours_tps:.0f} |")
     for part in PARTS:
         print(f"| {part} ms | {mean_part(dflex, part):.1f} |")
     sys.exit(0)
@@ -168,7 +169,6 @@ def step_seconds(lines, launched):
 
 
 ours_steps, theirs_steps = step_seconds(dflex, launch), step_seconds(baseline, baseline_launch)
-ours_tps = statistics.mean(line["tokens_per_s"] for line in dflex[warm:])
 theirs_tps = statistics.mean(line["context_tokens"] / line["seconds"] for line in baseline[warm:])
 ours_peak = max(max(line["peak_memory_bytes"].values()) for line in dflex) / 2**30
 theirs_peak = max(line["peak_memory_bytes"] for line in baseline) / 2**30
