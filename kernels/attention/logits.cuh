@@ -52,13 +52,16 @@ struct LogitMap {
   // The visibility of a thread's score elements as bits, bit 4 * j + i for
   // element (j, i) (the pairs of apply below). It depends on positions only,
   // so a kernel can work it out before the scores exist, while fewer
-  // registers are live.
+  // registers are live. The loop over key blocks stays rolled: the mask's
+  // body then appears once per row pair instead of once per element, which
+  // keeps NVRTC's time on the kernels down, and its per-row work (capture
+  // reads, divisions) is still hoisted out of the loop by the compiler.
   template <int kBlocks>
   __device__ __forceinline__ unsigned long long visibility(bool partial, int q0, int kv0, int q_len,
                                                            int kv_len) const {
     static_assert(4 * kBlocks <= 64, "one bit per element of a 64-bit word");
     unsigned long long bits = 0;
-#pragma unroll
+#pragma unroll 1
     for (int j = 0; j < kBlocks; ++j) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -97,15 +100,7 @@ struct LogitMap {
         for (int i = 0; i < 4; ++i) scores[j][i] = logit(scores[j][i], q0 + 8 * (i >> 1), kv0 + 8 * j + (i & 1));
       }
     } else {
-#pragma unroll
-      for (int j = 0; j < kBlocks; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int q = q0 + 8 * (i >> 1);
-          const int kv = kv0 + 8 * j + (i & 1);
-          scores[j][i] = visible(partial, q, kv, q_len, kv_len) ? logit(scores[j][i], q, kv) : negative_infinity();
-        }
-      }
+      apply_visible(scores, visibility<kBlocks>(partial, q0, kv0, q_len, kv_len), q0, kv0);
     }
   }
 };

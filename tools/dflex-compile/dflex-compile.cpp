@@ -31,6 +31,7 @@
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/ThreadPool.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <chrono>
@@ -163,41 +164,73 @@ FailureOr<bundle::CompiledModule> generate(GatedDeltaOp op, StringRef sourceName
   return moduleOf(std::move(generated).value(), bundle::toJson(spec));
 }
 
-/// Compiles a module for every arch through the cache; reads each binary's
-/// launch constants back from its PTX and checks its shared memory against
-/// its arch's limit. Kernels that no target builds (the Hopper kernels
-/// without sm_90a) leave the module.
-::dflex::Status compileModule(bundle::CompiledModule &module,
-                              const std::vector<std::string> &targets,
-                              cache::KernelCache &kernelCache, int &hits) {
+/// Drops the kernels that no target builds (the Hopper kernels without
+/// sm_90a) from a module.
+void keepBuiltKernels(bundle::CompiledModule &module, const std::vector<std::string> &targets) {
   llvm::erase_if(module.kernels, [&](const bundle::ModuleKernel &kernel) {
     return !llvm::any_of(targets, [&](const std::string &arch) {
       return bundle::buildsFor(kernel.role, arch);
     });
   });
-  for (const std::string &arch : targets) {
-    compile::CompileRequest request =
-        bundle::compileRequest(module.name, module.source, module.kernels, arch);
-    auto binaries = compile::compileCached(request, kernelCache, bundle::kTemplateVersion);
-    if (!binaries.ok())
-      return binaries.status();
-    compile::ArchBinary &binary = binaries.value().front();
-    hits += binary.fromCache;
-    auto key = compile::archCacheKey(request, arch, bundle::kTemplateVersion);
-    module.cacheKeys.push_back(key.ok() ? key.value() : "");
-    // Launch constants follow the configs each arch is compiled with: each
-    // binary's are read from its own PTX, and its shared memory is checked
-    // with them.
-    auto launch = bundle::readLaunchValues(binary, module.kernels);
-    if (!launch.ok())
-      return ::dflex::Status::failure("@" + module.name + " (" + arch + "): " + launch.error());
-    if (::dflex::Status status =
-            bundle::checkSharedMemory(request, module.kernels, launch.value(), binary);
-        !status.ok())
-      return ::dflex::Status::failure("@" + module.name + ": " + status.message());
-    module.launch.push_back(std::move(launch).value());
-    module.binaries.push_back(std::move(binary));
+}
+
+/// One module's binary for one arch.
+struct CompileJob {
+  bundle::CompiledModule *module;
+  std::string arch;
+  compile::CompileRequest request;
+  ::dflex::Result<std::vector<compile::ArchBinary>> binaries =
+      ::dflex::Status::failure("not compiled");
+};
+
+/// Adds a compiled binary to its module: reads its launch constants back from
+/// its PTX (they follow the configs each arch is compiled with) and checks its
+/// shared memory with them against its arch's limit.
+::dflex::Status addBinary(CompileJob &job, int &hits) {
+  if (!job.binaries.ok())
+    return job.binaries.status();
+  bundle::CompiledModule &module = *job.module;
+  compile::ArchBinary &binary = job.binaries.value().front();
+  hits += binary.fromCache;
+  auto key = compile::archCacheKey(job.request, job.arch, bundle::kTemplateVersion);
+  module.cacheKeys.push_back(key.ok() ? key.value() : "");
+  auto launch = bundle::readLaunchValues(binary, module.kernels);
+  if (!launch.ok())
+    return ::dflex::Status::failure("@" + module.name + " (" + job.arch + "): " + launch.error());
+  if (::dflex::Status status =
+          bundle::checkSharedMemory(job.request, module.kernels, launch.value(), binary);
+      !status.ok())
+    return ::dflex::Status::failure("@" + module.name + ": " + status.message());
+  module.launch.push_back(std::move(launch).value());
+  module.binaries.push_back(std::move(binary));
+  return ::dflex::Status::success();
+}
+
+/// Compiles every module for every arch through the cache. The NVRTC
+/// programs are independent, so they run side by side; the binaries are then
+/// added in module and arch order, and the first failure in that order is
+/// the one reported.
+::dflex::Status compileModules(std::vector<bundle::CompiledModule> &modules,
+                               const std::vector<std::string> &targets,
+                               cache::KernelCache &kernelCache, int &hits) {
+  std::vector<CompileJob> jobs;
+  for (bundle::CompiledModule &module : modules) {
+    keepBuiltKernels(module, targets);
+    for (const std::string &arch : targets)
+      jobs.push_back({&module, arch,
+                      bundle::compileRequest(module.name, module.source, module.kernels, arch)});
   }
+  {
+    llvm::DefaultThreadPool pool(llvm::hardware_concurrency());
+    for (CompileJob &job : jobs)
+      pool.async([&job, &kernelCache] {
+        job.binaries = compile::compileCached(job.request, kernelCache, bundle::kTemplateVersion);
+      });
+    pool.wait();
+  }
+  for (CompileJob &job : jobs)
+    if (::dflex::Status status = addBinary(job, hits); !status.ok())
+      return status;
   return ::dflex::Status::success();
 }
 
@@ -273,10 +306,9 @@ int main(int argc, char **argv) {
   };
   cache::KernelCache kernelCache(config);
   int hits = 0, binaries = 0, kernels = 0;
-  for (auto &compiled : modules) {
-    if (::dflex::Status status = compileModule(compiled, targets, kernelCache, hits);
-        !status.ok())
-      return fail(status.message());
+  if (::dflex::Status status = compileModules(modules, targets, kernelCache, hits); !status.ok())
+    return fail(status.message());
+  for (const auto &compiled : modules) {
     binaries += compiled.binaries.size();
     kernels += compiled.kernels.size();
   }

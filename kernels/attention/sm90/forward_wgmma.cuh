@@ -114,7 +114,7 @@ struct Sm90ForwardConsumer {
   // Visibility bits of key tile j's pairs (all set for an unchecked tile).
   template <bool kChecked>
   __device__ __forceinline__ unsigned long long visibility(int j) const {
-    if constexpr (!kChecked) return ~0ull;
+    if (!kChecked || !checked(j)) return ~0ull;
     return logits.template visibility<kScoreBlocks>(tile_entry_partial(entries[j]), thread_q, first_key(j), q_len,
                                                     kv_len);
   }
@@ -213,16 +213,20 @@ struct Sm90ForwardConsumer {
   }
 
   // Key tile 0 and key tile j >= 1 with the softmax the tile needs, chosen
-  // before its products are issued.
+  // before its products are issued. With a score_mod every tile takes the
+  // checked code (an unchecked tile's pairs all visible): the score_mod's
+  // work per pair dwarfs the select, and a second copy of the tile's code
+  // costs NVRTC seconds.
+  static constexpr bool kCheckEveryTile = Variant::kHasScoreMod;
   __device__ __forceinline__ void first(PTile& p) {
-    if (checked(0)) {
+    if (kCheckEveryTile || checked(0)) {
       first_tile<true>(p);
     } else {
       first_tile<false>(p);
     }
   }
   __device__ __forceinline__ void next(int j, const PTile& p, PTile& next_p) {
-    if (checked(j)) {
+    if (kCheckEveryTile || checked(j)) {
       next_tile<true>(j, p, next_p);
     } else {
       next_tile<false>(j, p, next_p);
@@ -250,16 +254,19 @@ struct Sm90ForwardConsumer {
     if (count == 0) return;
     PTile p_even, p_odd;  // P of the even and of the odd key tiles
     first(p_even);
-    int j = 1;
-    for (; j + 1 < count; j += 2) {
+    // One call of next() per P buffer: each is two copies of the tile's code
+    // (checked and not), and NVRTC's time grows faster than the kernel's size.
+    for (int j = 1;; j += 2) {
+      if (j >= count) {
+        last_values(j - 1, p_even);
+        return;
+      }
       next(j, p_even, p_odd);
+      if (j + 1 >= count) {
+        last_values(j, p_odd);
+        return;
+      }
       next(j + 1, p_odd, p_even);
-    }
-    if (j < count) {  // an even count: tile count - 1 is odd
-      next(j, p_even, p_odd);
-      last_values(j, p_odd);
-    } else {
-      last_values(j - 1, p_even);
     }
   }
 };
