@@ -343,11 +343,10 @@ Result<ArchBinary> compileForArch(const CompileRequest &request,
   if (!includeDir.ok())
     return includeDir.status();
 
-  // --split-compile=0: NVVM optimises the program's kernels on as many
-  // threads as the machine has (most of NVRTC's time on a module).
+  // No --split-compile: NVVM's parallel partitions make the PTX differ from
+  // one run to the next, and a content-addressed bundle must not.
   std::vector<std::string> options = {"--gpu-architecture=" + arch.name,
-                                      "--include-path=" + includeDir.value(),
-                                      "--split-compile=0"};
+                                      "--include-path=" + includeDir.value()};
   if (arch.producesCubin) {
     options.push_back("--ptxas-options=-v");
     // NVRTC 12.9 and later keep their own cache of compiled programs; a hit
