@@ -3,8 +3,8 @@
 //      the fp32 dQ accumulator.
 //   2. attention_backward_kernel: per key tile, recompute P from Q, K and the
 //      forward LSE for every query tile that sees it (all query heads of the
-//      group), accumulate dK and dV in registers, add dS K into the dQ
-//      accumulator with fp32 atomics.
+//      group), accumulate dV (half the warps) and dK (the other half) in
+//      registers, add dS K into the dQ accumulator with fp32 atomics.
 //   3. attention_backward_grad_q_kernel: dQ accumulator -> dQ in Element.
 // With logit = score_mod(scale * q.k):
 //   dP = dO V^T, dS = P * (dP - delta) * d logit / d(q.k),
@@ -101,6 +101,8 @@ __global__ void __launch_bounds__(Config::kThreads)
   constexpr int kThreads = Config::kThreads;
   constexpr int kScoreBlocks = Config::kScoreCols / 8;
   constexpr int kKeyBlocks = Config::kKeyCols / 8;
+  constexpr int kKeyMAtoms = Config::kKeyMAtoms;
+  constexpr int kQueryMAtoms = Config::kQueryMAtoms;
   constexpr int kChunkBlocks = Config::kGradQChunk / 8;
 
   extern __shared__ __align__(16) unsigned char shared_memory[];
@@ -119,9 +121,11 @@ __global__ void __launch_bounds__(Config::kThreads)
   const int warp = thread >> 5;
   const int score_row0 = (warp / Config::kScoreWarpsN) * 16;
   const int score_col0 = (warp % Config::kScoreWarpsN) * Config::kScoreCols;
-  const int key_row0 = (warp / Config::kKeyWarpsN) * 16;
-  const int key_col0 = (warp % Config::kKeyWarpsN) * Config::kKeyCols;
-  const int query_row0 = (warp / Config::kQueryWarpsN) * 16;
+  const bool value_warp = warp < Config::kProductWarps;  // accumulates dV; the others dK
+  const int product_warp = value_warp ? warp : warp - Config::kProductWarps;
+  const int key_row0 = (product_warp / Config::kKeyWarpsN) * 16 * kKeyMAtoms;
+  const int key_col0 = (product_warp % Config::kKeyWarpsN) * Config::kKeyCols;
+  const int query_row0 = (warp / Config::kQueryWarpsN) * 16 * kQueryMAtoms;
   const int query_col0 = (warp % Config::kQueryWarpsN) * Config::kQueryCols;
 
   const int key_tile = blockIdx.x;
@@ -177,10 +181,8 @@ __global__ void __launch_bounds__(Config::kThreads)
   if (index < last) load_queries();
   cp_async_commit();
 
-  float grad_k[kKeyBlocks][4];
-  float grad_v[kKeyBlocks][4];
-  zero(grad_k);
-  zero(grad_v);
+  float grad_kv[kKeyMAtoms][kKeyBlocks][4];  // this warp's part of dV or dK
+  zero(grad_kv);
 
   while (index < last) {
     const int head = first_head + head_offset;
@@ -227,11 +229,10 @@ __global__ void __launch_bounds__(Config::kThreads)
     store_accumulator<ScoreTile>(grad_s_tile, grad_p, 1.f, 1.f, score_row0, score_col0, lane);
     __syncthreads();
 
-    // dV += P^T dO, dK += dS^T Q.
-    warp_mma<Element, kKeyBlocks, kBlockM / 16, true, true, ScoreTile, QTile>(grad_v, p_tile, key_row0, 0,
-                                                                            grad_o_tile, key_col0, 0, lane);
-    warp_mma<Element, kKeyBlocks, kBlockM / 16, true, true, ScoreTile, QTile>(grad_k, grad_s_tile, key_row0, 0,
-                                                                            q_tile, key_col0, 0, lane);
+    // dV += P^T dO on the value warps, dK += dS^T Q on the others.
+    warp_mma_rows<Element, kKeyMAtoms, kKeyBlocks, kBlockM / 16, true, true, ScoreTile, QTile>(
+        grad_kv, value_warp ? p_tile : grad_s_tile, key_row0, 0, value_warp ? grad_o_tile : q_tile, key_col0, 0,
+        lane);
     __syncthreads();  // Q, dO, LSE and delta buffers are free: fetch the next query tile
 
     ++index;
@@ -245,18 +246,21 @@ __global__ void __launch_bounds__(Config::kThreads)
 #pragma unroll
     for (int chunk = 0; chunk < Config::kQueryCols / Config::kGradQChunk; ++chunk) {
       const int col0 = query_col0 + chunk * Config::kGradQChunk;
-      float grad_q[kChunkBlocks][4];
+      float grad_q[kQueryMAtoms][kChunkBlocks][4];
       zero(grad_q);
-      warp_mma<Element, kChunkBlocks, kBlockN / 16, false, true, ScoreTile, KVTile>(grad_q, grad_s_tile, query_row0,
-                                                                                  0, k_tile, col0, 0, lane);
+      warp_mma_rows<Element, kQueryMAtoms, kChunkBlocks, kBlockN / 16, false, true, ScoreTile, KVTile>(
+          grad_q, grad_s_tile, query_row0, 0, k_tile, col0, 0, lane);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = query_row0 + (lane >> 2) + 8 * half;
-        if (q_start + row < shape.q_len) {
+      for (int m = 0; m < kQueryMAtoms; ++m) {
 #pragma unroll
-          for (int j = 0; j < kChunkBlocks; ++j) {
-            global_add_pair(accum + row * kHeadDim + col0 + 8 * j + 2 * (lane & 3), grad_q[j][2 * half],
-                            grad_q[j][2 * half + 1]);
+        for (int half = 0; half < 2; ++half) {
+          const int row = query_row0 + 16 * m + (lane >> 2) + 8 * half;
+          if (q_start + row < shape.q_len) {
+#pragma unroll
+            for (int j = 0; j < kChunkBlocks; ++j) {
+              global_add_pair(accum + row * kHeadDim + col0 + 8 * j + 2 * (lane & 3), grad_q[m][j][2 * half],
+                              grad_q[m][j][2 * half + 1]);
+            }
           }
         }
       }
@@ -266,8 +270,10 @@ __global__ void __launch_bounds__(Config::kThreads)
   // Stage dK and dV through the K and V buffers for 16-byte stores.
   cp_async_wait<0>();
   __syncthreads();
-  store_accumulator<KVTile>(k_tile, grad_k, 1.f, 1.f, key_row0, key_col0, lane);
-  store_accumulator<KVTile>(v_tile, grad_v, 1.f, 1.f, key_row0, key_col0, lane);
+#pragma unroll
+  for (int m = 0; m < kKeyMAtoms; ++m) {
+    store_accumulator<KVTile>(value_warp ? v_tile : k_tile, grad_kv[m], 1.f, 1.f, key_row0 + 16 * m, key_col0, lane);
+  }
   __syncthreads();
   Element* grad_k_out = static_cast<Element*>(params.grad_k) + batch * params.grad_k_strides.batch +
                         kv_head * params.grad_k_strides.head + kv_start * params.grad_k_strides.row;

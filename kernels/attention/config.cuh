@@ -34,9 +34,16 @@ struct AttentionForwardConfig {
 // holding dK and dV of its tile in registers while it walks, for each query
 // head of the group, the query tiles (kBlockM) that see the key tile.
 // Three warp layouts share the block's warps:
-//   scores  S, dP   kBlockM x kBlockN: kBlockM/16 warp rows
-//   dK, dV          kBlockN x kHeadDim: kBlockN/16 warp rows
-//   dQ              kBlockM x kHeadDim: kBlockM/16 warp rows, in column chunks of kGradQChunk
+//   scores  S, dP   kBlockM x kBlockN: every warp, kBlockM/16 warp rows
+//   dV | dK         kBlockN x kHeadDim: the first half of the warps accumulates
+//                   dV, the second half dK, each warp kKeyMAtoms 16-row blocks
+//   dQ              kBlockM x kHeadDim: kQueryMAtoms 16-row blocks per warp, in
+//                   column chunks of kGradQChunk
+// Two 16-row blocks per warp in the dV/dK and dQ products let each B
+// fragment read from shared memory serve both, and give each warp twice the
+// independent accumulators (shared-memory reads and mma latency are what
+// bound this kernel); splitting dV from dK keeps the registers per thread
+// what one block of each would cost.
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kGradQChunk_>
 struct AttentionBackwardConfig {
   using Element = Element_;
@@ -49,9 +56,16 @@ struct AttentionBackwardConfig {
 
   static constexpr int kScoreWarpsN = kWarps / (kBlockM / 16);
   static constexpr int kScoreCols = kBlockN / kScoreWarpsN;
-  static constexpr int kKeyWarpsN = kWarps / (kBlockN / 16);
+
+  static constexpr int kProductWarps = kWarps / 2;  // dV warps, then as many dK warps
+  static constexpr int kKeyMAtoms = kBlockN >= 32 ? 2 : 1;
+  static constexpr int kKeyWarpsM = kBlockN / (16 * kKeyMAtoms);
+  static constexpr int kKeyWarpsN = kProductWarps / kKeyWarpsM;
   static constexpr int kKeyCols = kHeadDim / kKeyWarpsN;
-  static constexpr int kQueryWarpsN = kWarps / (kBlockM / 16);
+
+  static constexpr int kQueryMAtoms = kBlockM >= 32 ? 2 : 1;
+  static constexpr int kQueryWarpsM = kBlockM / (16 * kQueryMAtoms);
+  static constexpr int kQueryWarpsN = kWarps / kQueryWarpsM;
   static constexpr int kQueryCols = kHeadDim / kQueryWarpsN;
 
   using QTile = SwizzledTile<kBlockM, kHeadDim>;      // Q and dO
@@ -61,12 +75,14 @@ struct AttentionBackwardConfig {
       2 * KVTile::kBytes + 2 * QTile::kBytes + 2 * ScoreTile::kBytes + 2 * kBlockM * int(sizeof(float));
 
   static_assert(kHeadDim % 64 == 0, "head_dim must be a multiple of 64");
-  static_assert(kWarps % (kBlockM / 16) == 0 && kWarps % (kBlockN / 16) == 0,
-                "warps must split evenly over 16-row groups of both tiles");
+  static_assert(kWarps % (kBlockM / 16) == 0, "warps must split evenly over the score tile's 16-row groups");
   static_assert(kScoreWarpsN * (kBlockM / 16) == kWarps && kBlockN % kScoreWarpsN == 0 && kScoreCols % 16 == 0,
                 "score tile columns per warp must be a multiple of 16");
-  static_assert(kHeadDim % kKeyWarpsN == 0 && kKeyCols % 16 == 0, "dK/dV columns per warp must be a multiple of 16");
-  static_assert(kHeadDim % kQueryWarpsN == 0 && kQueryCols % kGradQChunk == 0 && kGradQChunk % 16 == 0,
+  static_assert(kWarps % 2 == 0 && kKeyWarpsM * kKeyWarpsN == kProductWarps && kHeadDim % kKeyWarpsN == 0 &&
+                    kKeyCols % 16 == 0,
+                "half the warps must cover the dV (and dK) tile in column groups of a multiple of 16");
+  static_assert(kQueryWarpsM * kQueryWarpsN == kWarps && kHeadDim % kQueryWarpsN == 0 &&
+                    kQueryCols % kGradQChunk == 0 && kGradQChunk % 16 == 0,
                 "dQ columns per warp must be whole chunks of a multiple of 16");
   static_assert(kSharedBytes <= kMaxSharedMemoryPerBlock, "backward config exceeds sm_120 shared memory per block");
 };

@@ -173,6 +173,12 @@ __device__ __forceinline__ void zero(float (&acc)[kBlocksN][4]) {
   }
 }
 
+template <int kMAtoms, int kBlocksN>
+__device__ __forceinline__ void zero(float (&acc)[kMAtoms][kBlocksN][4]) {
+#pragma unroll
+  for (int m = 0; m < kMAtoms; ++m) zero(acc[m]);
+}
+
 // Starts copying rows [0, Tile::kRows) of a global matrix (rows of Tile::kCols
 // contiguous elements, `row_stride` elements apart) into `tile`; rows at or
 // past `valid_rows` are zero-filled and not read. All `kThreads` threads of

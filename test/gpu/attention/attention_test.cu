@@ -5,6 +5,8 @@
 //                head dims, GQA groups, layouts and odd lengths, against the reference
 //   --time       DFlash training shape and causal 8192: fwd and fwd+bwd medians
 //   --sweep      candidate configs on the DFlash shape (tuning)
+//   --sm120-occupancy  pad each kernel's shared memory so that as many blocks share a
+//                multiprocessor as on sm_120 (100 KB per SM): the proxy's occupancy
 //   --impl portable|sm90|all  which kernels --check/--time/--sweep run (default all):
 //                the portable templates and, in builds for sm_90a (-DDFLEX_TEST_SM90,
 //                see the Makefile) on an sm_90 device, the Hopper kernels (kernels/attention/sm90)
@@ -133,11 +135,27 @@ struct DeviceTileList {
   }
 };
 
-// Launches kKernel with `shared_bytes` of dynamic shared memory, raising the
-// kernel's limit on its first launch.
+// --sm120-occupancy: kernels run with as many blocks per multiprocessor as
+// sm_120 would fit (its 100 KB of shared memory per SM, 1 KB of it reserved
+// per block), so the sm_90 proxy does not hide latency with blocks an RTX
+// PRO 6000 cannot hold.
+bool g_sm120_occupancy = false;
+int g_device_shared_per_sm = 0;  // bytes per SM of the device (set in main)
+
+int proxy_shared_bytes(int shared_bytes) {
+  if (!g_sm120_occupancy || shared_bytes == 0) return shared_bytes;
+  constexpr int kSm120SharedPerSm = 102400, kReservedPerBlock = 1024;
+  const int blocks = std::max(1, kSm120SharedPerSm / (shared_bytes + kReservedPerBlock));
+  // The most bytes per block with which the device fits `blocks` per SM.
+  return std::max(shared_bytes, g_device_shared_per_sm / blocks - kReservedPerBlock);
+}
+
+// Launches kKernel with `shared_bytes` of dynamic shared memory (padded under
+// --sm120-occupancy), raising the kernel's limit on its first launch.
 template <auto kKernel, class... Args>
-void launch(dim3 grid, int threads, int shared_bytes, const Args&... args) {
+void launch(dim3 grid, int threads, int requested_shared_bytes, const Args&... args) {
   static bool configured = false;
+  const int shared_bytes = proxy_shared_bytes(requested_shared_bytes);
   if (!configured) {
     CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
     configured = true;
@@ -908,7 +926,7 @@ void run_sweep() {
     if (g_run_portable) {
       time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(t);
-      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 128, 8, 32>>>(t);
+      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 128, 8, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>>(t);
     }
 #ifdef DFLEX_TEST_SM90
@@ -938,6 +956,8 @@ int main(int argc, char** argv) {
       timing = true;
     } else if (arg == "--sweep") {
       sweep = true;
+    } else if (arg == "--sm120-occupancy") {
+      g_sm120_occupancy = true;
     } else if (arg == "--filter" && i + 1 < argc) {
       g_filter = argv[++i];
     } else if (arg == "--impl" && i + 1 < argc) {
@@ -951,7 +971,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--self-test] [--check [--filter NAME_PART]] [--time] [--sweep]\n"
-                   "          [--impl portable|sm90|all]\n"
+                   "          [--impl portable|sm90|all] [--sm120-occupancy]\n"
                    "  (no mode: self-test, check and time; --impl: default all)\n",
                    argv[0]);
       return 2;
@@ -966,6 +986,8 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
     std::printf("Device: %s, sm_%d%d, %d SMs\n", properties.name, properties.major, properties.minor,
                 properties.multiProcessorCount);
+    g_device_shared_per_sm = static_cast<int>(properties.sharedMemPerMultiprocessor);
+    if (g_sm120_occupancy) std::printf("Blocks per SM as on sm_120 (shared memory padded)\n");
 #ifdef DFLEX_TEST_SM90
     g_sm90_device = properties.major == 9 && properties.minor == 0;
     if (g_run_sm90 && !g_sm90_device) {
