@@ -38,6 +38,11 @@ void checkDecoderConfig(const TransformerConfig &c, const std::string &where) {
 }
 
 Tensor rmsNorm(const Tensor &x, const Tensor &weight, double eps) {
+  // On CUDA LibTorch's fused kernel, one pass instead of seven over float32
+  // copies. It rounds once, after the weight; the reference models round
+  // before it (at most one step of the element type apart).
+  if (x.is_cuda() && weight.scalar_type() == x.scalar_type())
+    return at::rms_norm(x, {x.size(-1)}, weight, eps);
   return weight * normalized(x, eps).to(x.scalar_type());
 }
 
@@ -54,6 +59,12 @@ Tensor gatedRmsNorm(const Tensor &x, const Tensor &gate, const Tensor &weight, d
 Tensor swiGlu(const Tensor &x, const Tensor &gateWeight, const Tensor &upWeight,
               const Tensor &downWeight) {
   return at::linear(torch::silu(at::linear(x, gateWeight)) * at::linear(x, upWeight), downWeight);
+}
+
+Tensor swiGluOfProjection(const Tensor &gateAndUp) {
+  const int64_t intermediate = gateAndUp.size(-1) / 2;
+  return torch::silu(gateAndUp.narrow(-1, 0, intermediate)) *
+         gateAndUp.narrow(-1, intermediate, intermediate);
 }
 
 // --- Rotary embeddings ---------------------------------------------------------

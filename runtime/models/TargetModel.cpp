@@ -86,8 +86,8 @@ TargetModel TargetModel::load(const std::string &directory, const TargetModelOpt
     w.kind = c.layerKinds.at(i);
     w.inputNorm = read(layer + "input_layernorm.weight", {hidden});
     w.postAttentionNorm = read(layer + "post_attention_layernorm.weight", {hidden});
-    w.mlpGate = read(layer + "mlp.gate_proj.weight", {c.intermediateSize, hidden});
-    w.mlpUp = read(layer + "mlp.up_proj.weight", {c.intermediateSize, hidden});
+    w.mlpGateUp = torch::cat({read(layer + "mlp.gate_proj.weight", {c.intermediateSize, hidden}),
+                              read(layer + "mlp.up_proj.weight", {c.intermediateSize, hidden})});
     w.mlpDown = read(layer + "mlp.down_proj.weight", {hidden, c.intermediateSize});
     if (w.kind == LayerKind::LinearAttention) {
       for (const GatedDeltaTensor &t : gatedDeltaTensors(*c.gatedDelta, hidden))
@@ -96,14 +96,14 @@ TargetModel TargetModel::load(const std::string &directory, const TargetModelOpt
       const std::string p = layer + "self_attn.";
       AttentionWeights &a = w.attention;
       // With the output gate, q_proj yields [query | gate] per head.
-      a.q = read(p + "q_proj.weight", {qWidth * (c.attentionOutputGate ? 2 : 1), hidden});
-      a.k = read(p + "k_proj.weight", {kvWidth, hidden});
-      a.v = read(p + "v_proj.weight", {kvWidth, hidden});
+      const int64_t qRows = qWidth * (c.attentionOutputGate ? 2 : 1);
+      a.qkv = torch::cat({read(p + "q_proj.weight", {qRows, hidden}),
+                          read(p + "k_proj.weight", {kvWidth, hidden}),
+                          read(p + "v_proj.weight", {kvWidth, hidden})});
       a.o = read(p + "o_proj.weight", {hidden, qWidth});
       if (c.attentionBias) {
-        a.qBias = read(p + "q_proj.bias", {a.q.size(0)});
-        a.kBias = read(p + "k_proj.bias", {kvWidth});
-        a.vBias = read(p + "v_proj.bias", {kvWidth});
+        a.qkvBias = torch::cat({read(p + "q_proj.bias", {qRows}), read(p + "k_proj.bias", {kvWidth}),
+                                read(p + "v_proj.bias", {kvWidth})});
         a.oBias = read(p + "o_proj.bias", {hidden});
       }
       a.qNorm = read(p + "q_norm.weight", {headDim});
@@ -125,15 +125,19 @@ Tensor TargetModel::attentionLayer(const LayerWeights &layer, const Tensor &x,
                                    TargetCache::Attention *cache) const {
   const AttentionWeights &w = layer.attention;
   const int64_t batch = x.size(0), length = x.size(1), headDim = config_.headDim;
-  Tensor projected = at::linear(x, w.q, w.qBias).view({batch, length, config_.numAttentionHeads, -1});
+  const int64_t kvWidth = config_.numKeyValueHeads * headDim;
+  const Tensor qkv = at::linear(x, w.qkv, w.qkvBias);
+  const int64_t qRows = qkv.size(-1) - 2 * kvWidth;
+  Tensor projected = qkv.narrow(-1, 0, qRows).view({batch, length, config_.numAttentionHeads, -1});
   Tensor query = projected, gate;
   if (config_.attentionOutputGate) {
     query = projected.narrow(-1, 0, headDim);
     gate = projected.narrow(-1, headDim, headDim).reshape({batch, length, -1});
   }
   query = norm(query, w.qNorm);
-  Tensor key = norm(at::linear(x, w.k, w.kBias).view({batch, length, -1, headDim}), w.kNorm);
-  Tensor value = at::linear(x, w.v, w.vBias).view({batch, length, -1, headDim});
+  Tensor key = norm(qkv.narrow(-1, qRows, kvWidth).view({batch, length, -1, headDim}), w.kNorm);
+  // Contiguous, as the attention paths and the cache expect their inputs.
+  Tensor value = qkv.narrow(-1, qRows + kvWidth, kvWidth).contiguous().view({batch, length, -1, headDim});
   query = applyRotary(query, rope.first, rope.second);
   key = applyRotary(key, rope.first, rope.second);
   std::optional<int64_t> window;
@@ -317,7 +321,8 @@ TargetOutputs TargetModel::run(const TargetInputs &inputs, TargetCache *cache) c
                                    entry ? &entry->gatedDelta : nullptr)
                  : attentionLayer(layer, normed, rope, layout,
                                   entry ? &entry->attention : nullptr));
-    x = x + swiGlu(norm(x, layer.postAttentionNorm), layer.mlpGate, layer.mlpUp, layer.mlpDown);
+    x = x + at::linear(swiGluOfProjection(at::linear(norm(x, layer.postAttentionNorm), layer.mlpGateUp)),
+                       layer.mlpDown);
     for (size_t c = 0; c < inputs.captureLayers.size(); ++c)
       if (inputs.captureLayers[c] == i)
         outputs.hiddenStates[c] = x;

@@ -29,7 +29,8 @@ void checkDecoderConfig(const TransformerConfig &config, const std::string &wher
 /// (the reference checks), else float32.
 torch::ScalarType computeType(const torch::Tensor &x);
 
-/// Qwen3's RMSNorm: weight * round(x / rms(x)), the normalisation in float32.
+/// Qwen3's RMSNorm: weight * round(x / rms(x)), the normalisation in float32
+/// (on CUDA fused, rounded once: round(weight * x / rms(x))).
 torch::Tensor rmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps);
 
 /// Qwen3.5's zero-centred RMSNorm: the stored weight w scales by (1 + w),
@@ -45,6 +46,10 @@ torch::Tensor gatedRmsNorm(const torch::Tensor &x, const torch::Tensor &gate,
 /// down(silu(x gate^T) * (x up^T)); weights [I, H], [I, H], [H, I].
 torch::Tensor swiGlu(const torch::Tensor &x, const torch::Tensor &gateWeight,
                      const torch::Tensor &upWeight, const torch::Tensor &downWeight);
+
+/// silu(gate) * up of x [gate | up]^T, the last dimension [2I] -> [I]: swiGlu's
+/// middle for weights concatenated into one projection.
+torch::Tensor swiGluOfProjection(const torch::Tensor &gateAndUp);
 
 /// Rotary position embedding tables of one model: the default (theta only),
 /// "linear" and "yarn" (with the YaRN defaults beta_fast 32, beta_slow 1 and

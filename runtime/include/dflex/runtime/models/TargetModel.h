@@ -171,9 +171,12 @@ public:
   const torch::Tensor &lmHead() const { return lmHead_; }
 
 private:
+  /// The frozen projections that read the same input are concatenated at
+  /// load, so each is one GEMM: q_proj, k_proj, v_proj as qkv (rows in that
+  /// order) and gate_proj, up_proj as mlpGateUp.
   struct AttentionWeights {
-    torch::Tensor q, k, v, o;
-    torch::Tensor qBias, kBias, vBias, oBias; ///< attention_bias only
+    torch::Tensor qkv, o;
+    torch::Tensor qkvBias, oBias; ///< attention_bias only
     torch::Tensor qNorm, kNorm;
   };
   struct LayerWeights {
@@ -181,7 +184,7 @@ private:
     torch::Tensor inputNorm, postAttentionNorm;
     AttentionWeights attention;   ///< full and sliding-window layers
     GatedDeltaWeights gatedDelta; ///< linear-attention layers
-    torch::Tensor mlpGate, mlpUp, mlpDown;
+    torch::Tensor mlpGateUp, mlpDown;
   };
 
   TargetModel(TransformerConfig config, TargetModelOptions options);
