@@ -25,7 +25,9 @@ It starts from the drafter dflex-train wrote with --checkpoint-initial and reads
 with --write-batches (the same rows, anchors and labels), so the losses of the first steps must agree
 with dflex-train's within bfloat16 rounding. --out gets one JSON line per step: loss, the step's
 gradient norm (before clipping), seconds and its parts (target forward, drafter forward and loss,
-backward, optimizer), context tokens, peak memory."""
+backward, optimizer), the blocks it padded to, context tokens, peak memory. --changed-steps N
+--changed-anchors A pads the last N steps to A blocks: the first of them shows what a new padded
+shape costs this recipe (torch.compile's recompiles)."""
 import argparse
 import glob
 import json
@@ -52,9 +54,15 @@ parser.add_argument("--eps", type=float, default=1e-8)
 parser.add_argument("--weight-decay", type=float, default=0.01)
 parser.add_argument("--grad-clip", type=float, default=1.0)
 parser.add_argument("--max-anchors", type=int, default=512)
+parser.add_argument("--changed-steps", type=int, default=0,
+                    help="the last N steps pad to --changed-anchors blocks instead (a new padded shape, as a "
+                         "user who changes max_anchors or the length meets it: recompiles included)")
+parser.add_argument("--changed-anchors", type=int, default=0)
 parser.add_argument("--loss-chunk", type=int, default=2048, help="positions per LM-head chunk")
 parser.add_argument("--device", default="cuda", help="cuda, or cpu for a small smoke run")
 args = parser.parse_args()
+if args.changed_steps and args.changed_anchors <= args.max_anchors:
+    parser.error("--changed-anchors must exceed --max-anchors (the padding only grows)")
 device = torch.device(args.device)
 cuda = device.type == "cuda"
 
@@ -221,11 +229,11 @@ def block_loss(hidden, batch):
 
 # --- The batches -----------------------------------------------------------------------------
 
-def read_batch(update):
+def read_batch(update, blocks):
     tensors = load_file(os.path.join(args.batches, f"batch-{update:08d}-rank0-micro0.safetensors"))
     batch = {name: t.to(device, non_blocking=True) for name, t in tensors.items()}
-    # Padded to max_anchors blocks, as the recipe's trainers pad them: the shapes stay fixed.
-    pad = args.max_anchors - batch["anchors"].shape[1]
+    # Padded to `blocks` (max_anchors), as the recipe's trainers pad them: the shapes stay fixed.
+    pad = blocks - batch["anchors"].shape[1]
     if pad > 0:
         for name, value in (("anchors", 0), ("context_start", 0), ("block_valid", False)):
             batch[name] = F.pad(batch[name], (0, pad), value=value)
@@ -278,7 +286,8 @@ if cuda:
     torch.cuda.reset_peak_memory_stats()
 with open(args.out, "w") as out:
     for step in range(args.steps):
-        batch = read_batch(step + 1)
+        blocks = args.changed_anchors if step >= args.steps - args.changed_steps else args.max_anchors
+        batch = read_batch(step + 1, blocks)
         marks = Marks()
         synchronize()
         start = time.perf_counter()
@@ -303,7 +312,7 @@ with open(args.out, "w") as out:
         parts = ("target_forward", "drafter_forward", "backward", "optimizer")
         out.write(json.dumps({
             "step": step + 1, "time": time.time(), "loss": loss.item(), "grad_norm": grad_norm.item(),
-            "seconds": seconds,
+            "seconds": seconds, "padded_blocks": blocks,
             "times_ms": {part: marks.milliseconds(i) for i, part in enumerate(parts)},
             "context_tokens": int((batch["document_ids"] >= 0).sum()),
             "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else 0}) + "\n")

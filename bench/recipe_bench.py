@@ -17,7 +17,8 @@ dflex-train runs first and writes its initial drafter (--checkpoint-initial) and
 the same rows, anchors, labels and weights. The losses and gradient norms of the first steps must
 agree (bfloat16 rounding, 2%); then the table: tokens/s, the step's parts, peak memory, the first step from launch
 (the baseline's compile included), the slowest later step against the median, and the ratio
-dflex / baseline of this call.
+dflex / baseline of this call. --changed-steps N pads the baseline's last N steps to 128 more blocks, a
+new shape as after a change of max_anchors or the length: the first of them is what that costs it.
 
 --smoke runs the same comparison on the CPU with tiny models (no bundles: dflex's CPU paths, the
 baseline with SDPA on a dense mask, as flex_attention has no CPU backward): a check that both
@@ -27,7 +28,7 @@ trainers compute the same thing, not a measurement.
 checkpoints, batches: tens of GB at the GPU shapes) is removed at the end unless --keep.
 
 usage: recipe_bench.py BUILD_DIR [BUNDLES_DIR] [--target dense|hybrid] [--steps N] [--layers L] [--smoke]
-                       [--dflex-only] [--keep]"""
+                       [--dflex-only] [--keep] [--changed-steps N]"""
 import argparse
 import atexit
 import json
@@ -52,6 +53,9 @@ parser.add_argument("--agreement-steps", type=int, default=3)
 parser.add_argument("--smoke", action="store_true")
 parser.add_argument("--dflex-only", action="store_true")
 parser.add_argument("--keep", action="store_true")
+parser.add_argument("--changed-steps", type=int, default=0,
+                    help="the baseline's last N steps padded to 128 more blocks: a new shape, as after a change "
+                         "of max_anchors or the length (out of the means)")
 args = parser.parse_args()
 if not args.smoke and not args.bundles:
     parser.error("BUNDLES_DIR is needed on the GPU (--smoke runs without)")
@@ -146,10 +150,15 @@ run = subprocess.run([sys.executable, os.path.join(here, "recipe_baseline.py"), 
                       "--drafter", os.path.join(work, "dflex", "step-00000000"),
                       "--batches", os.path.join(work, "batches"), "--steps", str(args.steps),
                       "--out", baseline_log, "--device", device, "--max-anchors", str(anchors)]
+                     + (["--changed-steps", str(args.changed_steps), "--changed-anchors", str(anchors + 128)]
+                        if args.changed_steps else [])
                      + (["--loss-chunk", "32"] if args.smoke else []), env=environment)
 if run.returncode != 0:
     sys.exit(f"recipe_bench: the baseline exited {run.returncode}")
 baseline = [json.loads(line) for line in open(baseline_log)]
+# The last --changed-steps lines are the new padded shape's: out of the means and the stall figure.
+regular = len(baseline) - args.changed_steps
+baseline, changed = baseline[:regular], baseline[regular:]
 
 # Both compute the same thing: the first steps' losses and gradient norms on the same batches from
 # the same drafter (the gradient tells more than the loss of a drafter that still predicts little).
@@ -168,7 +177,8 @@ def step_seconds(lines, launched):
     return [b - a for a, b in zip(times, times[1:])]
 
 
-ours_steps, theirs_steps = step_seconds(dflex, launch), step_seconds(baseline, baseline_launch)
+ours_steps, theirs_steps = step_seconds(dflex, launch), step_seconds(baseline + changed, baseline_launch)
+changed_steps, theirs_steps = theirs_steps[regular:], theirs_steps[:regular]
 theirs_tps = statistics.mean(line["context_tokens"] / line["seconds"] for line in baseline[warm:])
 ours_peak = max(max(line["peak_memory_bytes"].values()) for line in dflex) / 2**30
 theirs_peak = max(line["peak_memory_bytes"] for line in baseline) / 2**30
@@ -188,7 +198,11 @@ if theirs_peak > 0:  # CUDA's allocator; not counted on the CPU
     print(f"| peak memory GiB | {ours_peak:.2f} | {theirs_peak:.2f} | {ours_peak / theirs_peak:.2f}x |")
 print(f"| launch to the end of step 1 s | {ours_steps[0]:.1f} | {theirs_steps[0]:.1f} | |")
 print(f"| slowest later step / median | {stall(ours_steps):.2f} | {stall(theirs_steps):.2f} | |")
+if changed:
+    # dflex pads no block: its kernels take every anchor count and length at run time.
+    print(f"| first step padded to {changed[0]['padded_blocks']} blocks s (median) | no padding | "
+          f"{changed_steps[0]:.1f} ({statistics.median(theirs_steps[1:]):.2f}) | |")
 print(f"| loss step 1 -> {args.steps} | {dflex[0]['loss']:.3f} -> {dflex[-1]['loss']:.3f} | "
-      f"{baseline[0]['loss']:.3f} -> {baseline[-1]['loss']:.3f} | |")
+      f"{baseline[0]['loss']:.3f} -> {(baseline + changed)[-1]['loss']:.3f} | |")
 if failures:
     sys.exit(f"recipe_bench: {failures} of the first {args.agreement_steps} steps disagree by more than 2%")

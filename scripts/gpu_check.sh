@@ -81,7 +81,7 @@ step build build_runtime
   step train_bench python3 bench/train_bench.py build-gpu .device/bundles
 # dflex-train against the PyTorch recipe on the same batches, side by side.
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
-  step recipe_bench python3 bench/recipe_bench.py build-gpu .device/bundles
+  step recipe_bench python3 bench/recipe_bench.py build-gpu .device/bundles --changed-steps 2
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step recipe_bench_hybrid python3 bench/recipe_bench.py build-gpu .device/bundles --target hybrid
 # The README's main job on the GPU: the embedded default, trained and evaluated there.
