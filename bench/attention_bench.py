@@ -2,7 +2,7 @@
 """dflex attention against torch.compile'd flex_attention, in one process.
 
 usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--quick | --dflash-only | --masks[=T,...]]
-                          [--kernels LIST]
+                          [--kernels LIST] [--flex-mma-sync] [--flex-autotune]
 
 BUNDLES_DIR holds one bundle per example (dflex-compile output). For each
 shape: forward and forward+backward time (CUDA events; calls back to back,
@@ -24,12 +24,27 @@ the comma-separated lengths given), each at its spec's heads and head dim.
 portable, sm90); dflex is measured once per value, against the same flex
 run (default: the environment's DFLEX_ATTENTION_KERNELS, else auto). Each
 row names the binary and kernels that ran.
+
+--flex-mma-sync gives flex the instructions sm_120 has: Triton without wgmma
+(DISABLE_MMA_V3=1), its kernels cached in a fresh folder whose PTX is then
+scanned; the run fails if any wgmma is there. --flex-autotune compiles flex
+with mode="max-autotune-no-cudagraphs": Inductor times each of its candidate
+tile, warp and stage configs (forward and backward) and keeps the fastest,
+flex's best chance against kernels whose tiles were chosen by measurement.
 """
 
+import glob
 import json
 import os
 import sys
+import tempfile
 import time
+
+MMA_SYNC_ONLY = "--flex-mma-sync" in sys.argv
+if MMA_SYNC_ONLY:  # before Triton is loaded: it reads both when it compiles
+    os.environ["DISABLE_MMA_V3"] = "1"
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="dflex-bench-triton-")
+COMPILE_OPTIONS = {"mode": "max-autotune-no-cudagraphs"} if "--flex-autotune" in sys.argv else {}
 
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -116,7 +131,7 @@ def random_anchors(count, context):
 def compare(case, batch, hq, hkv, tq, tkv, d, dflex_fwd, mask_mod, extra=None, score_mod=None):
     make = inputs(batch, hq, hkv, tq, tkv, d)
     block_mask = create_block_mask(mask_mod, batch, None, tq, tkv, device=dev)
-    compiled = torch.compile(flex_attention, dynamic=False)
+    compiled = torch.compile(flex_attention, dynamic=False, **COMPILE_OPTIONS)
     try:
         flex = measure("flex_compiled", lambda q, k, v: compiled(q, k, v, block_mask=block_mask,
                                                                  score_mod=score_mod, enable_gqa=True), make)
@@ -292,6 +307,16 @@ if new_layout:
     print("|---|---|---|---|")
     for r in new_layout:
         print(f"| {r['case']} | {r['dflex_first_step_s']} | {r['flex_create_block_mask_s']} | {r['flex_first_step_s']} |")
+if MMA_SYNC_ONLY:
+    counts = {"wgmma": 0, "mma.sync": 0}
+    for path in glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "**", "*.ptx"), recursive=True):
+        text = open(path).read()
+        for instruction in counts:
+            counts[instruction] += text.count(instruction)
+    print(f"\nflex's PTX (Triton cache {os.environ['TRITON_CACHE_DIR']}): {counts['mma.sync']} mma.sync, "
+          f"{counts['wgmma']} wgmma")
+    if counts["wgmma"] or not counts["mma.sync"]:
+        sys.exit("attention_bench: --flex-mma-sync, but flex's kernels are not mma.sync only")
 if flex_failures:
     print("\n| case | compiled flex failed |\n|---|---|")
     for failure in flex_failures:
