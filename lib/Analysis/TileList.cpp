@@ -202,6 +202,23 @@ private:
   std::vector<int64_t> cuts; // sorted tile indices
 };
 
+/// Combines the classes of one tile's pieces: uniform only if every piece is
+/// uniform alike.
+TileClass combine(TileClass a, TileClass b) { return a == b ? a : TileClass::Partial; }
+
+/// The points of the row argument where a comparison of the mask flips, over
+/// every column of batch b, head h (a row tile across one is classified
+/// piece by piece: `kv < n` and `kv - n` are judged apart otherwise).
+std::vector<int64_t> rowBreakpoints(IntervalEvaluator &mask, MaskArgument row, int64_t b,
+                                    int64_t h, const AttentionShape &shape) {
+  if (shape.queryLength == 0 || shape.keyLength == 0)
+    return {};
+  mask.fix(Box{IntRange::point(b), IntRange::point(h), IntRange{0, shape.queryLength - 1},
+               IntRange{0, shape.keyLength - 1}},
+           row);
+  return mask.breakpoints();
+}
+
 std::string checkShape(const AttentionShape &shape, int64_t queryTile, int64_t keyTile) {
   if (queryTile <= 0 || keyTile <= 0)
     return "tile sizes must be positive, got " + std::to_string(queryTile) + " x " +
@@ -262,16 +279,46 @@ TileListResult buildTileList(IntervalEvaluator &mask, TileListKind kind,
   list.rowOffsets.push_back(0);
 
   const MaskArgument columnArgument = forward ? MaskArgument::Key : MaskArgument::Query;
+  const MaskArgument rowArgument = forward ? MaskArgument::Query : MaskArgument::Key;
   RowScanner scanner(mask, columnArgument, columnLength, columnTile);
+  RowScanner pieceScanner(mask, columnArgument, columnLength, columnTile);
+  std::vector<TileClass> pieceClasses;
+  std::vector<Run> pieceRuns;
 
   for (int64_t b = 0; b < batches; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
+      const std::vector<int64_t> breaks = rowBreakpoints(mask, rowArgument, b, h, shape);
       scanner.restart();
       for (int64_t row = 0; row < rowTiles; ++row) {
         IntRange rows{row * rowTile, std::min((row + 1) * rowTile, rowLength) - 1};
         Box box{IntRange::point(b), IntRange::point(h), rows, rows};
-        const std::vector<Run> &runs = scanner.scan(box);
-        for (const Run &run : runs) {
+        auto inside = std::upper_bound(breaks.begin(), breaks.end(), rows.lo);
+        const std::vector<Run> *scanned = &pieceRuns;
+        if (inside == breaks.end() || *inside > rows.hi) {
+          scanned = &scanner.scan(box);
+        } else {
+          // The row's pieces between the flips, each scanned alone, tile by
+          // tile combined.
+          pieceClasses.assign(static_cast<size_t>(list.columnTiles), TileClass::Empty);
+          for (int64_t start = rows.lo, piece = 0; start <= rows.hi; ++piece) {
+            const int64_t stop = inside != breaks.end() && *inside <= rows.hi ? *inside - 1 : rows.hi;
+            pieceScanner.restart();
+            for (const Run &run : pieceScanner.scan(Box{box.b, box.h, {start, stop}, {start, stop}}))
+              for (int64_t tile = run.begin; tile < run.end; ++tile)
+                pieceClasses[tile] = piece == 0 ? run.tile : combine(pieceClasses[tile], run.tile);
+            start = stop + 1;
+            if (inside != breaks.end())
+              ++inside;
+          }
+          pieceRuns.clear();
+          for (int64_t tile = 0; tile < list.columnTiles; ++tile) {
+            if (!pieceRuns.empty() && pieceRuns.back().tile == pieceClasses[tile])
+              pieceRuns.back().end = tile + 1;
+            else
+              pieceRuns.push_back({tile, tile + 1, pieceClasses[tile]});
+          }
+        }
+        for (const Run &run : *scanned) {
           if (run.tile == TileClass::Empty)
             continue;
           const int32_t partial = run.tile == TileClass::Partial ? 1 : 0;
@@ -289,7 +336,7 @@ TileListResult buildTileList(IntervalEvaluator &mask, TileListKind kind,
       }
     }
   }
-  list.evaluations = scanner.evaluations;
+  list.evaluations = scanner.evaluations + pieceScanner.evaluations;
   return result;
 }
 

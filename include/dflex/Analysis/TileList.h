@@ -12,6 +12,9 @@
 // the runs of the row before (neighbouring rows of a mask look alike). The
 // values that do not depend on the column argument are evaluated once per
 // row.
+// A tile is split where one of the mask's comparisons flips (a breakpoint)
+// and its pieces classified apart, in the columns as in the rows: `kv < n`
+// and `kv - n` over a range across n are otherwise judged independently.
 //
 //===----------------------------------------------------------------------===//
 

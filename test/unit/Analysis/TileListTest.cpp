@@ -39,6 +39,30 @@ expr::Program shiftedCausal() {
   return p.program;
 }
 
+/// A DFlash-like split at n = 40 keys: the context keys (kv < 40) are seen
+/// by queries below 8, the block keys only where kv - 40 >= q + 64, so no
+/// query from 32 up sees keys 32..63 (the analysis judges `kv < 40` and
+/// `kv - 40` apart over a range across 40).
+expr::Program contextThenBlocks() {
+  test::ProgramBuilder p;
+  p.program.name = "context_then_blocks";
+  int32_t q = p.add(Opcode::Argument, ScalarType::Index, {}, 2);
+  int32_t kv = p.add(Opcode::Argument, ScalarType::Index, {}, 3);
+  int32_t n = p.add(Opcode::Constant, ScalarType::Index, {}, 40);
+  int32_t eight = p.add(Opcode::Constant, ScalarType::Index, {}, 8);
+  int32_t sixtyFour = p.add(Opcode::Constant, ScalarType::Index, {}, 64);
+  int32_t isContext = p.add(Opcode::CmpI, ScalarType::I1, {kv, n}, sem::ULT, 64);
+  int32_t early = p.add(Opcode::CmpI, ScalarType::I1, {q, eight}, sem::ULT, 64);
+  int32_t seesContext = p.add(Opcode::AndI, ScalarType::I1, {isContext, early});
+  int32_t isBlock = p.add(Opcode::CmpI, ScalarType::I1, {kv, n}, sem::UGE, 64);
+  int32_t position = p.add(Opcode::SubI, ScalarType::Index, {kv, n});
+  int32_t bound = p.add(Opcode::AddI, ScalarType::Index, {q, sixtyFour});
+  int32_t far = p.add(Opcode::CmpI, ScalarType::I1, {position, bound}, sem::UGE, 64);
+  int32_t seesBlock = p.add(Opcode::AndI, ScalarType::I1, {isBlock, far});
+  p.add(Opcode::OrI, ScalarType::I1, {seesContext, seesBlock});
+  return p.program;
+}
+
 std::unique_ptr<IntervalEvaluator> make(const expr::Program &program) {
   return test::makeEvaluator(program);
 }
@@ -136,6 +160,22 @@ TEST(TileLists, ClassifyTile) {
   EXPECT_EQ(analysis::classifyTile(*evaluator, 0, 0, {0, 63}, {64, 127}), TileClass::Empty);
   EXPECT_EQ(analysis::classifyTile(*evaluator, 0, 1, {0, 63}, {64, 127}), TileClass::Partial);
   EXPECT_EQ(analysis::classifyTile(*evaluator, 0, 0, {0, 63}, {0, 63}), TileClass::Partial);
+}
+
+TEST(TileLists, RowTilesAcrossAComparisonAreClassifiedPieceByPiece) {
+  // Key tile [32, 63] crosses kv = 40, query tile [32, 63] sees none of it:
+  // the backward list (rows of key tiles) must leave it out as the forward
+  // list (the crossing in its columns) does.
+  auto evaluator = make(contextThenBlocks());
+  const AttentionShape shape{1, 1, 64, 64};
+  for (TileListKind kind : {TileListKind::Forward, TileListKind::Backward}) {
+    auto built = analysis::buildTileList(*evaluator, kind, shape, 32, 32);
+    ASSERT_TRUE(built.ok()) << built.error;
+    const auto tiles = classes(built.list, 0);
+    EXPECT_EQ(tiles[1][1], TileClass::Empty) << (kind == TileListKind::Forward ? "forward" : "backward");
+    // Query tile [0, 31] sees keys 32..39: partial either way.
+    EXPECT_EQ(kind == TileListKind::Forward ? tiles[0][1] : tiles[1][0], TileClass::Partial);
+  }
 }
 
 } // namespace
