@@ -24,6 +24,30 @@ TileClass classOf(Truth truth) {
                                  : TileClass::Partial;
 }
 
+/// Combines the classes of one tile's pieces: uniform only if every piece is
+/// uniform alike.
+TileClass combine(TileClass a, TileClass b) { return a == b ? a : TileClass::Partial; }
+
+/// Whether a breakpoint cuts `range` (sorted breakpoints).
+bool flipsInside(IntRange range, const std::vector<int64_t> &breakpoints) {
+  auto flip = std::upper_bound(breakpoints.begin(), breakpoints.end(), range.lo);
+  return flip != breakpoints.end() && *flip <= range.hi;
+}
+
+/// `range` cut before each breakpoint inside it (a breakpoint p flips a
+/// comparison between p - 1 and p).
+std::vector<IntRange> piecesBetweenFlips(IntRange range, const std::vector<int64_t> &breakpoints) {
+  std::vector<IntRange> pieces;
+  int64_t start = range.lo;
+  for (auto flip = std::upper_bound(breakpoints.begin(), breakpoints.end(), range.lo);
+       flip != breakpoints.end() && *flip <= range.hi; ++flip) {
+    pieces.push_back({start, *flip - 1});
+    start = *flip;
+  }
+  pieces.push_back({start, range.hi});
+  return pieces;
+}
+
 /// A run of column tiles [begin, end) of one class.
 struct Run {
   int64_t begin, end;
@@ -107,21 +131,13 @@ private:
       return whole;
     // One tile: if the mask's comparisons flip inside it, the pieces
     // between the flips may each be uniform (and all alike).
-    auto inside = std::upper_bound(breakpoints->begin(), breakpoints->end(), first);
-    if (inside == breakpoints->end() || *inside > last)
+    if (!flipsInside({first, last}, *breakpoints))
       return whole;
-    TileClass pieces = TileClass::Partial;
-    for (int64_t start = first; start <= last;) {
-      int64_t stop = inside != breakpoints->end() && *inside <= last ? *inside - 1 : last;
-      TileClass piece = classifyElements(start, stop);
-      if (piece == TileClass::Partial || (start != first && piece != pieces))
-        return TileClass::Partial;
-      pieces = piece;
-      start = stop + 1;
-      if (inside != breakpoints->end())
-        ++inside;
-    }
-    return pieces;
+    const std::vector<IntRange> pieces = piecesBetweenFlips({first, last}, *breakpoints);
+    TileClass combined = classifyElements(pieces[0].lo, pieces[0].hi);
+    for (size_t k = 1; k < pieces.size() && combined != TileClass::Partial; ++k)
+      combined = combine(combined, classifyElements(pieces[k].lo, pieces[k].hi));
+    return combined;
   }
 
   /// Tile boundaries at the mask's breakpoints: a breakpoint inside a tile
@@ -201,10 +217,6 @@ private:
   const std::vector<int64_t> *breakpoints = nullptr;
   std::vector<int64_t> cuts; // sorted tile indices
 };
-
-/// Combines the classes of one tile's pieces: uniform only if every piece is
-/// uniform alike.
-TileClass combine(TileClass a, TileClass b) { return a == b ? a : TileClass::Partial; }
 
 /// The points of the row argument where a comparison of the mask flips, over
 /// every column of batch b, head h (a row tile across one is classified
@@ -292,23 +304,18 @@ TileListResult buildTileList(IntervalEvaluator &mask, TileListKind kind,
       for (int64_t row = 0; row < rowTiles; ++row) {
         IntRange rows{row * rowTile, std::min((row + 1) * rowTile, rowLength) - 1};
         Box box{IntRange::point(b), IntRange::point(h), rows, rows};
-        auto inside = std::upper_bound(breaks.begin(), breaks.end(), rows.lo);
         const std::vector<Run> *scanned = &pieceRuns;
-        if (inside == breaks.end() || *inside > rows.hi) {
+        if (!flipsInside(rows, breaks)) {
           scanned = &scanner.scan(box);
         } else {
-          // The row's pieces between the flips, each scanned alone, tile by
-          // tile combined.
+          // Each piece between the flips scanned alone, tile by tile combined.
+          const std::vector<IntRange> rowPieces = piecesBetweenFlips(rows, breaks);
           pieceClasses.assign(static_cast<size_t>(list.columnTiles), TileClass::Empty);
-          for (int64_t start = rows.lo, piece = 0; start <= rows.hi; ++piece) {
-            const int64_t stop = inside != breaks.end() && *inside <= rows.hi ? *inside - 1 : rows.hi;
+          for (size_t k = 0; k < rowPieces.size(); ++k) {
             pieceScanner.restart();
-            for (const Run &run : pieceScanner.scan(Box{box.b, box.h, {start, stop}, {start, stop}}))
+            for (const Run &run : pieceScanner.scan(Box{box.b, box.h, rowPieces[k], rowPieces[k]}))
               for (int64_t tile = run.begin; tile < run.end; ++tile)
-                pieceClasses[tile] = piece == 0 ? run.tile : combine(pieceClasses[tile], run.tile);
-            start = stop + 1;
-            if (inside != breaks.end())
-              ++inside;
+                pieceClasses[tile] = k == 0 ? run.tile : combine(pieceClasses[tile], run.tile);
           }
           pieceRuns.clear();
           for (int64_t tile = 0; tile < list.columnTiles; ++tile) {
