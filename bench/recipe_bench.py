@@ -41,6 +41,7 @@ import tempfile
 import time
 
 import yaml
+from safetensors.torch import load_file
 from train_common import make_data, make_qwen35_target, make_qwen3_target
 
 parser = argparse.ArgumentParser()
@@ -198,6 +199,15 @@ if theirs_peak > 0:  # CUDA's allocator; not counted on the CPU
     print(f"| peak memory GiB | {ours_peak:.2f} | {theirs_peak:.2f} | {ours_peak / theirs_peak:.2f}x |")
 print(f"| launch to the end of step 1 s | {ours_steps[0]:.1f} | {theirs_steps[0]:.1f} | |")
 print(f"| slowest later step / median | {stall(ours_steps):.2f} | {stall(theirs_steps):.2f} | |")
+# dflex-train's steps each keep their own shape (the batches it wrote): the stall figure above
+# already covers a change of the anchor count or of the context length.
+shapes = [load_file(os.path.join(work, "batches", f"batch-{line['step']:08d}-rank0-micro0.safetensors"))
+          for line in dflex]
+anchor_counts = [int(s["anchors"].shape[1]) for s in shapes]
+context_lengths = [int((s["document_ids"] >= 0).sum()) for s in shapes]
+print(f"| anchors / context tokens over the steps | {min(anchor_counts)}-{max(anchor_counts)} / "
+      f"{min(context_lengths)}-{max(context_lengths)}, {len(set(zip(anchor_counts, context_lengths)))} shapes "
+      f"| padded to {baseline[0]['padded_blocks']} blocks | |")
 if changed:
     # dflex pads no block: its kernels take every anchor count and length at run time.
     print(f"| first step padded to {changed[0]['padded_blocks']} blocks s (median) | no padding | "
