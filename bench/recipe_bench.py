@@ -25,10 +25,12 @@ baseline with SDPA on a dense mask, as flex_attention has no CPU backward): a ch
 trainers compute the same thing, not a measurement.
 
 --dflex-only runs dflex-train's half alone (its step parts, no ratio). The work folder (the target,
-checkpoints, batches: tens of GB at the GPU shapes) is removed at the end unless --keep.
+checkpoints, batches: tens of GB at the GPU shapes) is removed at the end unless --keep. --resume WORK
+takes a kept folder whose dflex-train half finished (a call whose time limit ended the baseline) and
+runs the baseline and the table from it, with the same --target, --steps and --smoke as that call.
 
 usage: recipe_bench.py BUILD_DIR [BUNDLES_DIR] [--target dense|hybrid] [--steps N] [--layers L] [--smoke]
-                       [--dflex-only] [--keep] [--changed-steps N]"""
+                       [--dflex-only] [--keep] [--changed-steps N] [--resume WORK]"""
 import argparse
 import atexit
 import json
@@ -57,71 +59,98 @@ parser.add_argument("--keep", action="store_true")
 parser.add_argument("--changed-steps", type=int, default=0,
                     help="the baseline's last N steps padded to 128 more blocks: a new shape, as after a change "
                          "of max_anchors or the length (out of the means)")
+parser.add_argument("--resume", metavar="WORK",
+                    help="a kept work folder whose dflex-train half finished: run the baseline and the table")
 args = parser.parse_args()
 if not args.smoke and not args.bundles:
     parser.error("BUNDLES_DIR is needed on the GPU (--smoke runs without)")
-work = tempfile.mkdtemp(prefix="dflex-recipe-bench-")
+work = args.resume or tempfile.mkdtemp(prefix="dflex-recipe-bench-")
+# When dflex-train was launched: its first step is counted from there, in this call or a resumed one.
+launch_file = os.path.join(work, "dflex-launch-time")
+if args.resume and not os.path.isfile(launch_file):
+    sys.exit(f"recipe_bench: {work} holds no finished dflex-train half to resume (no {launch_file})")
 if not args.keep:
     atexit.register(shutil.rmtree, work, ignore_errors=True)
 here = os.path.dirname(os.path.abspath(__file__))
 device = "cpu" if args.smoke else "cuda"
 target_dir = os.path.join(work, "target")
 
-start = time.time()
-if args.smoke:
-    # Tiny shapes with the real structure: grouped heads, sliding-window and full drafter layers.
-    shapes = dict(hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=512, device="cpu")
-    if args.target == "dense":
-        make_qwen3_target(target_dir, layers=args.layers or 6, head_dim=16, **shapes)
-    else:
-        make_qwen35_target(target_dir, layers=args.layers or 8, head_dim=32, linear_key_heads=2,
-                           linear_value_heads=4, linear_dim=16, **shapes)
-    make_data(os.path.join(work, "data.jsonl"), samples=80, lengths=(40, 200), top=500)
-    budget, anchors, block, window, mask_token = 256, 16, 4, 32, 511
-elif args.target == "dense":
-    make_qwen3_target(target_dir, layers=args.layers or 12, hidden=4096, intermediate=12288)
-    make_data(os.path.join(work, "data.jsonl"))
-    budget, anchors, block, window, mask_token = 8192, 512, 16, 2048, 151935
-else:
-    make_qwen35_target(target_dir, layers=args.layers or 8, hidden=5120, intermediate=17408, heads=24,
-                       kv_heads=4, head_dim=256, linear_key_heads=16, linear_value_heads=48, linear_dim=128)
-    make_data(os.path.join(work, "data.jsonl"))
-    budget, anchors, block, window, mask_token = 8192, 512, 16, 2048, 151935
-print(f"{args.target} target and data made in {time.time() - start:.0f} s", flush=True)
 
-drafter = {"num_layers": 5, "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
-           "sliding_window": window, "block_size": block, "mask_token_id": mask_token}
-config = {"target": {"dir": target_dir}, "drafter": drafter,
-          "data": {"path": os.path.join(work, "data.jsonl"), "token_budget": budget, "max_anchors": anchors},
-          "train": {"max_steps": args.steps},
-          "checkpoint": {"dir": os.path.join(work, "dflex"), "interval": 1000000},
-          "log": {"interval": 1}, "devices": [device]}
-if args.smoke:
-    config["target"]["dtype"] = drafter["dtype"] = "float32"
-else:
-    config["kernels"] = {"drafter_bundle": f"{args.bundles}/dflash",
-                         "drafter_sliding_bundle": f"{args.bundles}/dflash_sliding_window"}
-    if args.target == "dense":
-        config["kernels"].update(target_bundle=f"{args.bundles}/document_mask",
-                                 target_full_spec="document_attention")
+def make_target():
+    if args.smoke:
+        # Tiny shapes with the real structure: grouped heads, sliding-window and full drafter layers.
+        shapes = dict(hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=512, device="cpu")
+        if args.target == "dense":
+            make_qwen3_target(target_dir, layers=args.layers or 6, head_dim=16, **shapes)
+        else:
+            make_qwen35_target(target_dir, layers=args.layers or 8, head_dim=32, linear_key_heads=2,
+                               linear_value_heads=4, linear_dim=16, **shapes)
+    elif args.target == "dense":
+        make_qwen3_target(target_dir, layers=args.layers or 12, hidden=4096, intermediate=12288)
     else:
-        drafter.update(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
-        hybrid_specs = f"{args.bundles}/recipe_hybrid_target"
-        config["kernels"].update(target_bundle=hybrid_specs, target_full_spec="recipe_hybrid_attention",
-                                 target_gated_delta_bundle=hybrid_specs,
-                                 target_gated_delta_spec="recipe_hybrid_gated_delta")
-config_path = os.path.join(work, "train.yaml")
-with open(config_path, "w") as f:
-    yaml.safe_dump(config, f)
+        make_qwen35_target(target_dir, layers=args.layers or 8, hidden=5120, intermediate=17408, heads=24,
+                           kv_heads=4, head_dim=256, linear_key_heads=16, linear_value_heads=48,
+                           linear_dim=128)
+
+
+if args.smoke:
+    budget, anchors, block, window, mask_token = 256, 16, 4, 32, 511
+else:
+    budget, anchors, block, window, mask_token = 8192, 512, 16, 2048, 151935
+if not args.resume:
+    start = time.time()
+    make_target()
+    if args.smoke:
+        make_data(os.path.join(work, "data.jsonl"), samples=80, lengths=(40, 200), top=500)
+    else:
+        make_data(os.path.join(work, "data.jsonl"))
+    print(f"{args.target} target and data made in {time.time() - start:.0f} s", flush=True)
+
+def write_config():
+    """dflex-train's config for this call's shapes; returns its path."""
+    drafter = {"num_layers": 5, "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
+               "sliding_window": window, "block_size": block, "mask_token_id": mask_token}
+    config = {"target": {"dir": target_dir}, "drafter": drafter,
+              "data": {"path": os.path.join(work, "data.jsonl"), "token_budget": budget, "max_anchors": anchors},
+              "train": {"max_steps": args.steps},
+              "checkpoint": {"dir": os.path.join(work, "dflex"), "interval": 1000000},
+              "log": {"interval": 1}, "devices": [device]}
+    if args.smoke:
+        config["target"]["dtype"] = drafter["dtype"] = "float32"
+    else:
+        config["kernels"] = {"drafter_bundle": f"{args.bundles}/dflash",
+                             "drafter_sliding_bundle": f"{args.bundles}/dflash_sliding_window"}
+        if args.target == "dense":
+            config["kernels"].update(target_bundle=f"{args.bundles}/document_mask",
+                                     target_full_spec="document_attention")
+        else:
+            drafter.update(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+            hybrid_specs = f"{args.bundles}/recipe_hybrid_target"
+            config["kernels"].update(target_bundle=hybrid_specs, target_full_spec="recipe_hybrid_attention",
+                                     target_gated_delta_bundle=hybrid_specs,
+                                     target_gated_delta_spec="recipe_hybrid_gated_delta")
+    config_path = os.path.join(work, "train.yaml")
+    with open(config_path, "w") as f:
+        yaml.safe_dump(config, f)
+    return config_path
+
 
 train = os.path.join(args.build, "bin", "dflex-train")
-subprocess.run([train, "--config", config_path, "--dry-run"], check=True)
-launch = time.time()
-run = subprocess.run([train, "--config", config_path, "--plain", "--no-report", "--checkpoint-initial",
-                      "--write-batches", os.path.join(work, "batches")])
-if run.returncode != 0:
-    sys.exit(f"recipe_bench: dflex-train exited {run.returncode}")
+if not args.resume:
+    config_path = write_config()
+    subprocess.run([train, "--config", config_path, "--dry-run"], check=True)
+    launch = time.time()
+    run = subprocess.run([train, "--config", config_path, "--plain", "--no-report", "--checkpoint-initial",
+                          "--write-batches", os.path.join(work, "batches")])
+    if run.returncode != 0:
+        sys.exit(f"recipe_bench: dflex-train exited {run.returncode}")
+    with open(launch_file, "w") as f:
+        f.write(repr(launch))
+with open(launch_file) as f:
+    launch = float(f.read())
 dflex = [json.loads(line) for line in open(os.path.join(work, "dflex", "metrics.jsonl"))]
+if len(dflex) != args.steps:
+    sys.exit(f"recipe_bench: {work}: dflex-train logged {len(dflex)} steps, not --steps {args.steps}")
 warm = max(2, args.steps // 10)  # steps left out of the means: compile, autotune, first allocations
 PARTS = ("target_forward", "drafter_forward", "backward", "optimizer")
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "../common/device.cuh"
+#include "variant.cuh"
 
 namespace dflex {
 namespace kernels {
@@ -39,11 +40,9 @@ struct LogitMap {
   }
 
   // Whether the pair takes part: in range, and (in a partial tile) unmasked.
-  // Branch-free, so that across a thread's elements the compiler computes the
-  // mask's per-row work (capture reads, divisions) once per row: the mask
-  // always runs, on the pair clamped into range (the variant is never called
-  // with an out-of-range index), and its answer counts only for in-range
-  // pairs of partial tiles.
+  // Branch-free: the mask always runs, on the pair clamped into range (the
+  // variant is never called with an out-of-range index), and its answer
+  // counts only for in-range pairs of partial tiles.
   __device__ __forceinline__ bool visible(bool partial, int q, int kv, int q_len, int kv_len) const {
     const bool in_range = (q < q_len) & (kv < kv_len);
     return in_range & (!partial | variant.mask(batch, head, min(q, q_len - 1), min(kv, kv_len - 1)));
@@ -52,22 +51,29 @@ struct LogitMap {
   // The visibility of a thread's score elements as bits, bit 4 * j + i for
   // element (j, i) (the pairs of apply below). It depends on positions only,
   // so a kernel can work it out before the scores exist, while fewer
-  // registers are live. The loop over key blocks stays rolled: the mask's
-  // body then appears once per row pair instead of once per element, which
-  // keeps NVRTC's time on the kernels down, and its per-row work (capture
-  // reads, divisions) is still hoisted out of the loop by the compiler.
+  // registers are live. The mask's row parts (the thread's two rows) are
+  // worked out once, its column parts once per key column, and only its pair
+  // part per element (the contract in variant.cuh). The loop over key blocks
+  // stays rolled: the mask's body then appears once per row pair instead of
+  // once per element, which keeps NVRTC's time on the kernels down.
   template <int kBlocks>
   __device__ __forceinline__ unsigned long long visibility(bool partial, int q0, int kv0, int q_len,
                                                            int kv_len) const {
     static_assert(4 * kBlocks <= 64, "one bit per element of a 64-bit word");
+    const MaskParts<Variant> parts{variant, batch, head};
+    const typename MaskParts<Variant>::Row rows[2] = {parts.row(min(q0, q_len - 1)),
+                                                      parts.row(min(q0 + 8, q_len - 1))};
     unsigned long long bits = 0;
 #pragma unroll 1
     for (int j = 0; j < kBlocks; ++j) {
+      const int kv = kv0 + 8 * j;
+      const typename MaskParts<Variant>::Column columns[2] = {parts.column(min(kv, kv_len - 1)),
+                                                              parts.column(min(kv + 1, kv_len - 1))};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        bits |= static_cast<unsigned long long>(visible(partial, q0 + 8 * (i >> 1), kv0 + 8 * j + (i & 1), q_len,
-                                                        kv_len))
-                << (4 * j + i);
+        const bool in_range = (q0 + 8 * (i >> 1) < q_len) & (kv + (i & 1) < kv_len);
+        const bool shown = in_range & (!partial | parts.pair(rows[i >> 1], columns[i & 1]));
+        bits |= static_cast<unsigned long long>(shown) << (4 * j + i);
       }
     }
     return bits;

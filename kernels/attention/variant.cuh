@@ -6,6 +6,10 @@
 //
 //   static constexpr bool kHasScoreMod;
 //   __device__ bool  mask(long long b, long long h, long long q, long long kv) const;
+//   struct MaskRow; struct MaskColumn;
+//   __device__ MaskRow    mask_row(long long b, long long h, long long q) const;
+//   __device__ MaskColumn mask_column(long long b, long long h, long long kv) const;
+//   __device__ bool       mask_pair(const MaskRow& row, const MaskColumn& column) const;
 //   __device__ float score_mod(float s, long long b, long long h, long long q, long long kv) const;
 //   __device__ float score_mod_grad(float s, long long b, long long h, long long q, long long kv) const;
 //
@@ -15,6 +19,12 @@
 // kHasScoreMod is false the logit is s and the two functions are never called
 // (they must still exist). mask is called only for tiles the tile list marks
 // partial.
+//
+// mask_pair(mask_row(b, h, q), mask_column(b, h, kv)) equals mask(b, h, q, kv):
+// the mask split by what its values change with (dflex-compile emits the
+// three), so a kernel works out a row's part once per row and a column's once
+// per column and only the rest per pair. A variant may leave the three out
+// (hand-written ones do): MaskParts then splits nothing.
 //
 // The kernels call these functions only for in-range arguments:
 // 0 <= b < batch, 0 <= h < q_heads, 0 <= q < q_len, 0 <= kv < kv_len, so a
@@ -31,6 +41,40 @@ struct VariantCheck {
   static_assert(sizeof(Variant::kHasScoreMod) > 0 && (Variant::kHasScoreMod == true || Variant::kHasScoreMod == false),
                 "a variant needs static constexpr bool kHasScoreMod");
   static constexpr bool kOk = true;
+};
+
+// Whether a variant has the mask's parts (MaskRow, mask_row, ...).
+template <class Variant, class = void>
+struct HasMaskParts {
+  static constexpr bool value = false;
+};
+template <class Variant>
+struct HasMaskParts<Variant, decltype(void(sizeof(typename Variant::MaskRow)))> {
+  static constexpr bool value = true;
+};
+
+// The mask's parts for one batch and head, as the kernels call them: the
+// variant's own, or, for a variant written with mask() alone, the indices as
+// the row and the column.
+template <class Variant, bool kOwn = HasMaskParts<Variant>::value>
+struct MaskParts {
+  using Row = typename Variant::MaskRow;
+  using Column = typename Variant::MaskColumn;
+  const Variant& variant;
+  long long b, h;
+  __host__ __device__ Row row(long long q) const { return variant.mask_row(b, h, q); }
+  __host__ __device__ Column column(long long kv) const { return variant.mask_column(b, h, kv); }
+  __host__ __device__ bool pair(const Row& row, const Column& column) const { return variant.mask_pair(row, column); }
+};
+template <class Variant>
+struct MaskParts<Variant, false> {
+  using Row = long long;
+  using Column = long long;
+  const Variant& variant;
+  long long b, h;
+  __host__ __device__ Row row(long long q) const { return q; }
+  __host__ __device__ Column column(long long kv) const { return kv; }
+  __host__ __device__ bool pair(Row q, Column kv) const { return variant.mask(b, h, q, kv); }
 };
 
 }  // namespace kernels

@@ -60,6 +60,27 @@ std::vector<bool> launchInvariant(const Program &program) {
   return invariant;
 }
 
+/// Where a mask value changes inside the kernels' loops. Values of b, h,
+/// captures and constants only are fixed for a thread (Fixed); the others
+/// change with the query row, the key column, or both (Pair).
+enum class Variance : uint8_t { Fixed = 0, Row = 1, Column = 2, Pair = 3 };
+
+std::vector<Variance> maskVariance(const Program &program) {
+  std::vector<Variance> variance(program.instructions.size(), Variance::Fixed);
+  for (size_t n = 0; n < program.instructions.size(); ++n) {
+    const Instruction &inst = program.instructions[n];
+    if (inst.op == Opcode::Argument) { // b, h, q_idx, kv_idx
+      variance[n] = inst.imm == 2 ? Variance::Row : inst.imm == 3 ? Variance::Column : Variance::Fixed;
+      continue;
+    }
+    uint8_t joined = 0; // Row | Column == Pair
+    for (int32_t operand : inst.operands)
+      joined |= static_cast<uint8_t>(variance[operand]);
+    variance[n] = static_cast<Variance>(joined);
+  }
+  return variance;
+}
+
 /// Conservative signed ranges of the integer instructions, over every
 /// launch the kernels take: b and h below 65536, q_idx and kv_idx below
 /// 2^31 + 2^16 (the op's lengths are below 2^31; a tile's rows past the end
@@ -274,7 +295,8 @@ std::string intLiteral(int64_t value) {
   return std::to_string(value) + "LL";
 }
 
-/// Emits one program as statements ending in `return <value at result>`.
+/// Emits a program's bodies: a score_mod as statements ending in its return,
+/// a mask as its row, column and pair parts.
 class BodyEmitter {
 public:
   BodyEmitter(std::ostringstream &out, const Program &program, const VariantLayout &layout,
@@ -288,24 +310,88 @@ public:
     }
   }
 
-  void emit(int32_t result, const char *returnKind) {
-    std::vector<bool> live(program.instructions.size(), false);
-    live[result] = true;
-    for (size_t n = program.instructions.size(); n-- > 0;)
-      if (live[n])
-        for (int32_t operand : program.instructions[n].operands)
-          live[operand] = true;
-    for (size_t n = 0; n < program.instructions.size(); ++n)
-      if (live[n])
-        emitInstruction(static_cast<int32_t>(n));
-    if (std::string(returnKind) == "bool")
-      out << "    return " << value(result) << " != 0;\n";
+  /// A score_mod's statements down to `return <value at result>`.
+  void emitScoreMod(int32_t result) {
+    std::vector<bool> wanted(program.instructions.size(), false);
+    wanted[result] = true;
+    emitComputing(wanted);
+    out << "    return " << value(result) << ";\n";
+  }
+
+  /// The mask as the parts the kernels evaluate once per query row, once per
+  /// key column and once per pair (maskVariance): mask_row and mask_column
+  /// return the values mask_pair reads, and mask() composes the three.
+  void emitSplitMask(int32_t result) {
+    const std::vector<Variance> variance = maskVariance(program);
+    const size_t count = program.instructions.size();
+    // The pair part's instructions, and the row and column values it reads
+    // (fixed values travel with the row).
+    std::vector<bool> inPair(count, false), rowOut(count, false), columnOut(count, false);
+    auto handOver = [&](int32_t n) { (variance[n] == Variance::Column ? columnOut : rowOut)[n] = true; };
+    if (variance[result] == Variance::Pair)
+      inPair[result] = true;
     else
-      out << "    return " << value(result) << ";\n";
+      handOver(result);
+    for (size_t n = count; n-- > 0;)
+      if (inPair[n])
+        for (int32_t operand : program.instructions[n].operands) {
+          if (variance[operand] == Variance::Pair)
+            inPair[operand] = true;
+          else
+            handOver(operand);
+        }
+    out << "\n  // The mask by what its values change with: mask_row once per query row,\n"
+           "  // mask_column once per key column, mask_pair per pair from their values.\n";
+    emitPart("MaskRow", "mask_row(long long b, long long h, long long q_idx)", rowOut);
+    emitPart("MaskColumn", "mask_column(long long b, long long h, long long kv_idx)", columnOut);
+    out << "\n  DFLEX_FUNCTOR bool mask_pair(const MaskRow &row, const MaskColumn &column) const {\n"
+           "    using namespace ::dflex::sem;\n";
+    for (size_t n = 0; n < count; ++n)
+      if (rowOut[n] || columnOut[n])
+        out << "    const " << typeOf(int32_t(n)) << " " << value(int32_t(n)) << " = "
+            << (rowOut[n] ? "row." : "column.") << value(int32_t(n)) << ";\n";
+    for (size_t n = 0; n < count; ++n)
+      if (inPair[n])
+        emitInstruction(static_cast<int32_t>(n));
+    out << "    return " << value(result) << " != 0;\n  }\n"
+        << "\n  DFLEX_FUNCTOR bool mask(long long b, long long h, long long q_idx, long long kv_idx) const {\n"
+           "    return mask_pair(mask_row(b, h, q_idx), mask_column(b, h, kv_idx));\n  }\n";
   }
 
 private:
   std::string value(int32_t n) const { return "v" + std::to_string(n); }
+  const char *typeOf(int32_t n) const {
+    return expr::isFloat(program.instructions[n].type) ? "float" : "::dflex::sem::i64";
+  }
+
+  /// The statements of the `wanted` values and of what they are computed
+  /// from, in program order.
+  void emitComputing(std::vector<bool> live) {
+    for (size_t n = live.size(); n-- > 0;)
+      if (live[n])
+        for (int32_t operand : program.instructions[n].operands)
+          live[operand] = true;
+    for (size_t n = 0; n < live.size(); ++n)
+      if (live[n])
+        emitInstruction(static_cast<int32_t>(n));
+  }
+
+  /// A struct of the `outputs` values and the function `signature` that
+  /// computes them.
+  void emitPart(const char *structName, const char *signature, const std::vector<bool> &outputs) {
+    std::string members;
+    out << "  struct " << structName << " {";
+    for (size_t n = 0; n < outputs.size(); ++n)
+      if (outputs[n]) {
+        out << " " << typeOf(int32_t(n)) << " " << value(int32_t(n)) << ";";
+        members += (members.empty() ? "" : ", ") + value(int32_t(n));
+      }
+    out << " };\n  DFLEX_FUNCTOR " << structName << " " << signature << " const {\n"
+        << "    using namespace ::dflex::sem;\n";
+    emitComputing(outputs);
+    out << "    return " << structName << "{" << members << "};\n  }\n";
+  }
+
   std::string operand(const Instruction &inst, int k) const {
     return value(inst.operands[k]);
   }
@@ -490,24 +576,20 @@ std::string emitVariant(const std::string &structName,
         << ", " << (slot.isSigned ? "signed" : slot.wide ? "unsigned, any numerator," : "unsigned") << " at "
         << slot.width << " bits, byte " << slot.offsetBytes << "\n"
         << "  ::dflex::sem::" << (slot.wide ? "WideUDivisor " : "UDivisor ") << slot.field << ";\n";
-  out << "\n  DFLEX_FUNCTOR bool mask(long long b, long long h, long long q_idx, "
-         "long long kv_idx) const {\n"
-         "    using namespace ::dflex::sem;\n";
-  BodyEmitter(out, mask, layout, false).emit(mask.result, "bool");
-  out << "  }\n";
+  BodyEmitter(out, mask, layout, false).emitSplitMask(mask.result);
 
   const char *scoreSignature =
       "(float score, long long b, long long h, long long q_idx, long long kv_idx) const {\n"
       "    using namespace ::dflex::sem;\n";
   out << "\n  DFLEX_FUNCTOR float score_mod" << scoreSignature;
   if (scoreMod)
-    BodyEmitter(out, *scoreMod, layout, true).emit(scoreMod->result, "float");
+    BodyEmitter(out, *scoreMod, layout, true).emitScoreMod(scoreMod->result);
   else
     out << "    return score;\n";
   out << "  }\n";
   out << "\n  DFLEX_FUNCTOR float score_mod_grad" << scoreSignature;
   if (scoreMod)
-    BodyEmitter(out, *scoreMod, layout, true).emit(scoreMod->scoreDerivative, "float");
+    BodyEmitter(out, *scoreMod, layout, true).emitScoreMod(scoreMod->scoreDerivative);
   else
     out << "    return 1.0f;\n";
   out << "  }\n};\n";

@@ -27,9 +27,14 @@ dflex.attention @layer mask @dilated heads(8, 2) head_dim(64, 64) : bf16
 // CHECK-NEXT:    ::dflex::sem::UDivisor [[CHUNK:mask_divisor[0-9]+_u64]];
 // CHECK-NEXT:    // divisor: mask value v{{[0-9]+}}, unsigned, any numerator, at 64 bits, byte 32
 // CHECK-NEXT:    ::dflex::sem::WideUDivisor [[DILATION:mask_divisor[0-9]+_w64]];
-// CHECK-LABEL: bool mask(
+// Each division sits in the part of the mask its numerator belongs to: q's
+// in the row part, kv's in the column part, (q - kv)'s in the pair part.
+// CHECK-LABEL: MaskRow mask_row(
 // CHECK:         = divuiBy(v{{[0-9]+}}, [[CHUNK]], 64);
-// CHECK:         = divuiBy(v{{[0-9]+}}, [[CHUNK]], 64);
-// CHECK:         = remuiWideBy(v{{[0-9]+}}, [[DILATION]], 64);
 // CHECK:         = remui(v{{[0-9]+}}, v{{[0-9]+}}, 64);
+// CHECK-LABEL: MaskColumn mask_column(
+// CHECK:         = divuiBy(v{{[0-9]+}}, [[CHUNK]], 64);
+// CHECK-LABEL: bool mask_pair(
+// CHECK-NOT:     divuiBy
+// CHECK:         = remuiWideBy(v{{[0-9]+}}, [[DILATION]], 64);
 // CHECK:         return

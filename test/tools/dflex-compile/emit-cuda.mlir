@@ -31,12 +31,31 @@ dflex.attention @layer mask @window score_mod @softcap heads(8, 2) head_dim(64, 
 // CHECK-NEXT:    // capture 'cap' at byte 32
 // CHECK-NEXT:    long long cap2_cap;
 
-// The mask reads with a bounds check and the padding value (the load itself
+// The mask split by what its values change with: the read of ids[q] and its
+// test are the row's (once per query row), the distance q - kv the pair's.
+// The read has a bounds check and the padding value (the load itself
 // unconditional, so that calls reading the same element can share it).
-// CHECK-LABEL: bool mask(long long b, long long h, long long q_idx, long long kv_idx) const {
-// CHECK:         = subi(v{{[0-9]+}}, v{{[0-9]+}}, 64);
-// CHECK:         = readOr(cap1_ids.data, inRange(v{{[0-9]+}}, cap1_ids.sizes[0]), v{{[0-9]+}} * cap1_ids.strides[0], (i64)-1LL);
+// CHECK:       struct MaskRow {
+// CHECK-SAME:    ::dflex::sem::i64 [[Q:v[0-9]+]];
+// CHECK-LABEL: MaskRow mask_row(long long b, long long h, long long q_idx) const {
+// CHECK:         const i64 [[Q]] = q_idx;
+// CHECK:         = readOr(cap1_ids.data, inRange([[Q]], cap1_ids.sizes[0]), [[Q]] * cap1_ids.strides[0], (i64)-1LL);
+// CHECK:         const i64 [[VALID:v[0-9]+]] = fromBool(cmpi(5,
+// CHECK:         return MaskRow{[[Q]], {{.*}}[[VALID]]};
+// CHECK:       struct MaskColumn { ::dflex::sem::i64 [[KV:v[0-9]+]]; };
+// CHECK-LABEL: MaskColumn mask_column(long long b, long long h, long long kv_idx) const {
+// CHECK-NEXT:    using namespace ::dflex::sem;
+// CHECK-NEXT:    const i64 [[KV]] = kv_idx;
+// CHECK-NEXT:    return MaskColumn{[[KV]]};
+// CHECK-LABEL: bool mask_pair(const MaskRow &row, const MaskColumn &column) const {
+// CHECK:         = row.[[Q]];
+// CHECK:         = column.[[KV]];
+// CHECK-NOT:     readOr
+// CHECK:         = subi([[Q]], [[KV]], 64);
+// CHECK:         = andi(v{{[0-9]+}}, [[VALID]], 1);
 // CHECK:         return v{{[0-9]+}} != 0;
+// CHECK-LABEL: bool mask(long long b, long long h, long long q_idx, long long kv_idx) const {
+// CHECK-NEXT:    return mask_pair(mask_row(b, h, q_idx), mask_column(b, h, kv_idx));
 
 // CHECK-LABEL: float score_mod(float score,
 // CHECK:         = slotFloat(cap2_cap);

@@ -8,7 +8,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ProgramBuilder.h"
+#include "../RandomMasks.h"
+#include "../ProgramBuilder.h"
+#include "MakeEvaluator.h"
 #include "dflex/Expr/Semantics.h"
 
 #include <gtest/gtest.h>
@@ -426,6 +428,52 @@ TEST(IntervalEvaluator, StagedEvaluationMatchesWholeEvaluation) {
     evaluator->fix(box, analysis::MaskArgument::Query);
     ASSERT_EQ(evaluator->evaluateVarying(box.q), whole);
   }
+}
+
+TEST(IntervalEvaluator, RandomMasksAreClassifiedSoundly) {
+  // A box judged false (true) everywhere must be false (true) at every pair
+  // in it, through the whole evaluation and the staged one the tile lists
+  // use, for random bodies and captures; and enough boxes must be decided
+  // for the test to mean something.
+  std::mt19937_64 rng(11);
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  int decided = 0, boxes = 0;
+  for (int seed = 0; seed < test::kRandomMasks; ++seed) {
+    SCOPED_TRACE("random mask " + std::to_string(seed));
+    const expr::Program mask = test::randomMask(seed);
+    for (int round = 0; round < 3; ++round) {
+      std::vector<int32_t> t(uniform(1, 40));
+      for (int32_t &value : t)
+        value = static_cast<int32_t>(uniform(-3, 300));
+      const std::vector<CaptureValue> captures = {
+          CaptureValue::ofScalar(expr::Value::ofInt(uniform(0, 50))),
+          CaptureValue::ofTensor(t.data(), ScalarType::I32, {int64_t(t.size())})};
+      auto evaluator = make(mask, captures);
+      std::vector<expr::Value> scratch;
+      for (int trial = 0; trial < 40; ++trial) {
+        auto span = [&](int64_t limit, int64_t width) {
+          const int64_t lo = uniform(0, limit);
+          return IntRange{lo, lo + uniform(0, width)};
+        };
+        const Box box{span(3, 1), span(7, 1), span(600, 20), span(800, 20)};
+        const Truth whole = evaluator->evaluateMask(box);
+        evaluator->fix(box, analysis::MaskArgument::Key);
+        const Truth staged = evaluator->evaluateVarying(box.kv);
+        ++boxes;
+        decided += whole != Truth::Both;
+        for (int64_t b = box.b.lo; b <= box.b.hi; ++b)
+          for (int64_t h = box.h.lo; h <= box.h.hi; ++h)
+            for (int64_t q = box.q.lo; q <= box.q.hi; ++q)
+              for (int64_t kv = box.kv.lo; kv <= box.kv.hi; ++kv) {
+                const bool visible = expr::evaluateMask(mask, b, h, q, kv, captures, scratch);
+                for (Truth truth : {whole, staged})
+                  ASSERT_TRUE(truth == Truth::Both || visible == (truth == Truth::True))
+                      << toString(truth) << " at b " << b << " h " << h << " q " << q << " kv " << kv;
+              }
+      }
+    }
+  }
+  EXPECT_GT(decided, boxes / 5) << decided << " of " << boxes << " boxes decided";
 }
 
 TEST(IntervalEvaluator, DependenciesFollowLiveValuesOnly) {

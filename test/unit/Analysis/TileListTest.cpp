@@ -5,7 +5,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ProgramBuilder.h"
+#include "../ProgramBuilder.h"
+#include "MakeEvaluator.h"
 #include "dflex/Analysis/TileList.h"
 #include "dflex/Expr/Semantics.h"
 

@@ -3,7 +3,9 @@
 // The variant of every example attention spec, emitted as C++ and compiled
 // by the host compiler into this test, must agree with the interpreter on
 // random indices and captures: mask, score_mod, and score_mod_grad (also
-// checked against finite differences). The variants get their captures
+// checked against finite differences), and so must random mask bodies
+// (RandomMasks.h). Masks are evaluated through their row, column and pair
+// parts, as the kernels evaluate them. The variants get their captures
 // through packVariant, the byte layout kernels receive.
 //
 //===----------------------------------------------------------------------===//
@@ -25,7 +27,13 @@ struct GeneratedVariant {
   float (*scoreModGrad)(const void *, float, long long, long long, long long, long long);
   int (*classifyTile)(const void *, int, int, int, int, int, int, int, int);
 };
+struct GeneratedRandomMask {
+  int seed;
+  size_t size;
+  bool (*mask)(const void *, long long, long long, long long, long long);
+};
 #include "GeneratedVariants.h"
+#include "../RandomMasks.h"
 
 using namespace dflex;
 using expr::CaptureValue;
@@ -156,6 +164,43 @@ TEST(Codegen, EmittedVariantsMatchTheInterpreter) {
       }
     }
   }
+}
+
+TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
+  // mask_row sees no kv_idx and mask_column no q_idx (their signatures), so
+  // agreeing with the interpreter on every pair shows each value went to a
+  // part that has what it depends on.
+  ASSERT_EQ(std::size(kRandomVariants), size_t(test::kRandomMasks));
+  std::mt19937_64 rng(7);
+  int splitRows = 0, splitColumns = 0;
+  for (const GeneratedRandomMask &generated : kRandomVariants) {
+    SCOPED_TRACE("random mask " + std::to_string(generated.seed));
+    const expr::Program mask = test::randomMask(generated.seed);
+    auto layout = codegen::layoutVariant(mask, nullptr);
+    ASSERT_TRUE(layout.ok()) << layout.error();
+    ASSERT_EQ(static_cast<size_t>(layout.value().sizeBytes), generated.size);
+    const std::string source = codegen::emitVariant("Variant", layout.value(), mask, nullptr);
+    splitRows += source.find("struct MaskRow { };") == std::string::npos;
+    splitColumns += source.find("struct MaskColumn { };") == std::string::npos;
+    for (int round = 0; round < 4; ++round) {
+      RandomCaptures captures = randomCaptures(layout.value(), rng);
+      auto bytes = codegen::packVariant(layout.value(), captures.bound, mask, nullptr);
+      ASSERT_TRUE(bytes.ok()) << bytes.error();
+      std::vector<uint64_t> variant(generated.size / 8);
+      std::memcpy(variant.data(), bytes.value().data(), generated.size);
+      const std::vector<CaptureValue> values = captures.ordered(mask);
+      std::vector<Value> scratch;
+      for (int n = 0; n < 2000; ++n) {
+        const int64_t b = rng() % 4, h = rng() % 8, q = rng() % 700, kv = rng() % 900;
+        ASSERT_EQ(generated.mask(variant.data(), b, h, q, kv),
+                  expr::evaluateMask(mask, b, h, q, kv, values, scratch))
+            << "b " << b << " h " << h << " q " << q << " kv " << kv << "\n" << source;
+      }
+    }
+  }
+  // The bodies exercise the split: most hand values to both parts.
+  EXPECT_GT(splitRows, test::kRandomMasks / 2);
+  EXPECT_GT(splitColumns, test::kRandomMasks / 2);
 }
 
 TEST(Codegen, TileClassificationMatchesBruteForce) {

@@ -12,6 +12,7 @@
 #include "dflex/Codegen/Derivative.h"
 #include "dflex/Codegen/Variant.h"
 #include "dflex/Conversion/DFlexToProgram/DFlexToProgram.h"
+#include "../RandomMasks.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Parser/Parser.h"
@@ -31,6 +32,13 @@ static FailureOr<::dflex::expr::Program> lower(Operation *spec, FlatSymbolRefAtt
   return program;
 }
 
+// The test's entry to a variant's mask: through its row, column and pair
+// parts, as the kernels' visibility evaluates it.
+static const char *const kMaskThroughItsParts =
+    "inline bool mask(const void *v, long long b, long long h, long long q, long long kv) {\n"
+    "  const ::dflex::kernels::MaskParts<Variant> parts{*static_cast<const Variant *>(v), b, h};\n"
+    "  return parts.pair(parts.row(q), parts.column(kv));\n}\n";
+
 int main(int argc, char **argv) {
   if (argc < 3) {
     llvm::errs() << "usage: generate-variants OUT.h FILE.mlir...\n";
@@ -43,7 +51,8 @@ int main(int argc, char **argv) {
   out << "// Generated for the codegen host test.\n#pragma once\n"
          "#include \"dflex/Expr/Semantics.h\"\n"
          "#define __host__\n#define __device__\n#define __forceinline__ inline\n"
-         "#include \"analysis/tile_classify.cuh\"\n\n";
+         "#include \"analysis/tile_classify.cuh\"\n"
+         "#include \"attention/variant.cuh\"\n\n";
   table << "static const GeneratedVariant kGeneratedVariants[] = {\n";
   for (int i = 2; i < argc; ++i) {
     OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(argv[i], &context);
@@ -67,8 +76,7 @@ int main(int argc, char **argv) {
       out << "namespace " << ns << " {\n"
           << ::dflex::codegen::emitVariant("Variant", layout.value(), *mask,
                                            scoreMod ? &*scoreMod : nullptr)
-          << "inline bool mask(const void *v, long long b, long long h, long long q, long long kv) {\n"
-             "  return static_cast<const Variant *>(v)->mask(b, h, q, kv);\n}\n"
+          << kMaskThroughItsParts <<
              "inline float scoreMod(const void *v, float s, long long b, long long h, long long q, long long kv) {\n"
              "  return static_cast<const Variant *>(v)->score_mod(s, b, h, q, kv);\n}\n"
              "inline float scoreModGrad(const void *v, float s, long long b, long long h, long long q, long long kv) {\n"
@@ -81,6 +89,20 @@ int main(int argc, char **argv) {
             << ns << "::Variant), " << ns << "::mask, " << ns << "::scoreMod, " << ns
             << "::scoreModGrad, " << ns << "::classifyTile},\n";
     }
+  }
+  table << "};\n";
+  // Random bodies (RandomMasks.h), the same seeds the test draws.
+  table << "static const GeneratedRandomMask kRandomVariants[] = {\n";
+  for (int seed = 0; seed < ::dflex::test::kRandomMasks; ++seed) {
+    const ::dflex::expr::Program mask = ::dflex::test::randomMask(seed);
+    auto layout = ::dflex::codegen::layoutVariant(mask, nullptr);
+    if (!layout.ok())
+      return 1;
+    const std::string ns = "random_" + std::to_string(seed);
+    out << "namespace " << ns << " {\n"
+        << ::dflex::codegen::emitVariant("Variant", layout.value(), mask, nullptr) << kMaskThroughItsParts
+        << "} // namespace " << ns << "\n\n";
+    table << "    {" << seed << ", sizeof(" << ns << "::Variant), " << ns << "::mask},\n";
   }
   table << "};\n";
   std::ofstream file(argv[1]);

@@ -1,11 +1,11 @@
-//===- ProgramBuilder.h - programs built by hand for analysis tests -*- C++ -*-===//
+//===- ProgramBuilder.h - programs built by hand for tests ------*- C++ -*-===//
 
-#ifndef DFLEX_TEST_ANALYSIS_PROGRAMBUILDER_H
-#define DFLEX_TEST_ANALYSIS_PROGRAMBUILDER_H
+#ifndef DFLEX_TEST_PROGRAMBUILDER_H
+#define DFLEX_TEST_PROGRAMBUILDER_H
 
-#include "dflex/Analysis/IntervalEvaluator.h"
+#include "dflex/Expr/Program.h"
 
-#include <gtest/gtest.h>
+#include <vector>
 
 namespace dflex::test {
 
@@ -41,14 +41,6 @@ struct ProgramBuilder {
   }
 };
 
-/// An evaluator of `program`; fails the test if there is none.
-inline std::unique_ptr<analysis::IntervalEvaluator>
-makeEvaluator(const expr::Program &program, const std::vector<expr::CaptureValue> &captures = {}) {
-  auto result = analysis::IntervalEvaluator::create(program, captures);
-  EXPECT_TRUE(result.ok()) << result.error;
-  return std::move(result.evaluator);
-}
-
 } // namespace dflex::test
 
-#endif // DFLEX_TEST_ANALYSIS_PROGRAMBUILDER_H
+#endif // DFLEX_TEST_PROGRAMBUILDER_H
