@@ -106,6 +106,7 @@ if not args.resume:
         make_data(os.path.join(work, "data.jsonl"))
     print(f"{args.target} target and data made in {time.time() - start:.0f} s", flush=True)
 
+
 def write_config():
     """dflex-train's config for this call's shapes; returns its path."""
     drafter = {"num_layers": 5, "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
