@@ -84,6 +84,35 @@ __global__ void __launch_bounds__(kRowKernelThreads) attention_backward_grad_q_k
   }
 }
 
+// P and, in place of dP, dS = P * (dP - delta) * d logit / d(q.k) of a warp's
+// score fragments: element (j, i) is the pair (q0 + 8 * (i / 2), kv0 + 8 * j +
+// i % 2). kChecked hides the pairs whose bit in `shown` (LogitMap::visibility)
+// is clear and evaluates the score_mod on the pair clamped into range; the
+// caller picks the instantiation once per tile. Selects, not branches.
+template <bool kChecked, class Variant, int kBlocks>
+__device__ __forceinline__ void backward_gradients(const LogitMap<Variant>& logits, unsigned long long shown, int q0,
+                                                   int kv0, const AttentionShape& shape, const float (&lse_log2)[2],
+                                                   const float (&delta)[2], float (&scores)[kBlocks][4],
+                                                   float (&grad_p)[kBlocks][4]) {
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      int q = q0 + 8 * (i >> 1);
+      int kv = kv0 + 8 * j + (i & 1);
+      if constexpr (kChecked) {
+        q = min(q, shape.q_len - 1);
+        kv = min(kv, shape.kv_len - 1);
+      }
+      const float p = fast_exp2(logits.logit(scores[j][i], q, kv) - lse_log2[i >> 1]);
+      const float grad_s = p * (grad_p[j][i] - delta[i >> 1]) * logits.logit_grad(scores[j][i], q, kv);
+      const bool visible = !kChecked || ((shown >> (4 * j + i)) & 1);
+      scores[j][i] = visible ? p : 0.f;
+      grad_p[j][i] = visible ? grad_s : 0.f;
+    }
+  }
+}
+
 // Grid: (ceil(kv_len / kBlockN), kv_heads, batch); Config::kThreads threads;
 // Config::kSharedBytes of dynamic shared memory. Needs the preprocess kernel
 // to have run (delta, zeroed accumulator) and the backward tile list.
@@ -112,8 +141,8 @@ __global__ void __launch_bounds__(Config::kThreads)
   Element* grad_o_tile = q_tile + kBlockM * kHeadDim;
   Element* p_tile = grad_o_tile + kBlockM * kHeadDim;
   Element* grad_s_tile = p_tile + kBlockM * kBlockN;
-  float* lse_log2 = reinterpret_cast<float*>(grad_s_tile + kBlockM * kBlockN);  // +inf: row sees nothing
-  float* delta_tile = lse_log2 + kBlockM;
+  float* lse_tile = reinterpret_cast<float*>(grad_s_tile + kBlockM * kBlockN);
+  float* delta_tile = lse_tile + kBlockM;
 
   const AttentionShape& shape = params.shape;
   const int thread = threadIdx.x;
@@ -144,41 +173,59 @@ __global__ void __launch_bounds__(Config::kThreads)
   async_load_tile<KVTile, kThreads>(v_tile, v, params.v_strides.row, kv_rows, thread);
 
   // Work cursor: query head first_head + head_offset, tile-list entry `index`
-  // of that head's row, which ends at `last`.
+  // of that head's row, which ends at `last`. `entry` is entries[index], read
+  // when its tile's loads were issued; `ahead` is entries[index + 1], read
+  // one tile early so that no load of the list stalls the loop.
   int head_offset = 0;
   int index = 0;
   int last = 0;
+  int entry = 0;
+  int ahead = 0;
+  // The open head's Q, dO and first (LSE, delta, dQ accumulator) row.
+  const Element* head_q = nullptr;
+  const Element* head_grad_o = nullptr;
+  long long head_row = 0;
   auto open_row = [&](int offset) {
-    const int list_row = params.tiles.row(batch, first_head + offset, key_tile);
+    const int head = first_head + offset;
+    const int list_row = params.tiles.row(batch, head, key_tile);
     index = params.tiles.row_offsets[list_row];
     last = params.tiles.row_offsets[list_row + 1];
+    head_q = static_cast<const Element*>(params.q) + batch * params.q_strides.batch + head * params.q_strides.head;
+    head_grad_o = static_cast<const Element*>(params.grad_o) + batch * params.grad_o_strides.batch +
+                  head * params.grad_o_strides.head;
+    head_row = (static_cast<long long>(batch) * shape.q_heads + head) * shape.q_len;
   };
   auto skip_empty_rows = [&]() {
     while (index == last && head_offset + 1 < group) open_row(++head_offset);
   };
-  auto load_queries = [&]() {
-    const int head = first_head + head_offset;
-    const int q_start = tile_entry_index(params.tiles.entries[index]) * kBlockM;
+  auto load_queries = [&](int next_entry) {
+    entry = next_entry;
+    const int q_start = tile_entry_index(entry) * kBlockM;
     const int q_rows = min(kBlockM, shape.q_len - q_start);
-    const Element* q = static_cast<const Element*>(params.q) + batch * params.q_strides.batch +
-                       head * params.q_strides.head + q_start * params.q_strides.row;
-    const Element* grad_o = static_cast<const Element*>(params.grad_o) + batch * params.grad_o_strides.batch +
-                            head * params.grad_o_strides.head + q_start * params.grad_o_strides.row;
-    async_load_tile<QTile, kThreads>(q_tile, q, params.q_strides.row, q_rows, thread);
-    async_load_tile<QTile, kThreads>(grad_o_tile, grad_o, params.grad_o_strides.row, q_rows, thread);
-    const long long row_base = (static_cast<long long>(batch) * shape.q_heads + head) * shape.q_len + q_start;
-    for (int i = thread; i < kBlockM; i += kThreads) {
-      const bool in_range = i < q_rows;
-      const float lse = in_range ? params.lse[row_base + i] : negative_infinity();
-      // P = exp2(logit - lse_log2) is then 0 for rows that see nothing and for padding.
-      lse_log2[i] = lse == negative_infinity() ? positive_infinity() : lse * kLog2e;
-      delta_tile[i] = in_range ? params.delta[row_base + i] : 0.f;
+    async_load_tile<QTile, kThreads>(q_tile, head_q + q_start * params.q_strides.row, params.q_strides.row, q_rows,
+                                     thread);
+    async_load_tile<QTile, kThreads>(grad_o_tile, head_grad_o + q_start * params.grad_o_strides.row,
+                                     params.grad_o_strides.row, q_rows, thread);
+    const long long row_base = head_row + q_start;
+    // LSE, then delta, of the tile's rows, copied like the tiles so that no
+    // thread waits on a global load here. Rows past q_len are zero-filled:
+    // their pairs are out of range, hence never visible.
+#pragma unroll
+    for (int pass = 0; pass < (2 * kBlockM + kThreads - 1) / kThreads; ++pass) {
+      const int i = thread + pass * kThreads;
+      if (i < 2 * kBlockM) {
+        const int row = i % kBlockM;
+        const float* source = (i < kBlockM ? params.lse : params.delta) + row_base + row;
+        cp_async_4(shared_address(lse_tile + i), source, row < q_rows);
+      }
     }
   };
+  // P = exp2(logit - offset): +inf for a row that sees nothing (LSE -inf), so its P is 0.
+  auto exponent_offset = [](float lse) { return lse == negative_infinity() ? positive_infinity() : lse * kLog2e; };
 
   open_row(0);
   skip_empty_rows();
-  if (index < last) load_queries();
+  if (index < last) load_queries(params.tiles.entries[index]);
   cp_async_commit();
 
   float grad_kv[kKeyMAtoms][kKeyBlocks][4];  // this warp's part of dV or dK
@@ -186,12 +233,23 @@ __global__ void __launch_bounds__(Config::kThreads)
 
   while (index < last) {
     const int head = first_head + head_offset;
-    const int entry = params.tiles.entries[index];
     const int q_start = tile_entry_index(entry) * kBlockM;
     const bool partial = tile_entry_partial(entry);
-    const bool checked = partial || q_start + kBlockM > shape.q_len || kv_rows < kBlockN;
+    const long long current_row = head_row;  // head_row moves on when the next tile is in another head
+    if (index + 1 < last) ahead = params.tiles.entries[index + 1];
+    // With a score_mod every tile takes the checked code: the score_mod's work
+    // per pair dwarfs the select, and a second copy costs NVRTC time.
+    const bool checked =
+        Variant::kHasScoreMod || partial || q_start + kBlockM > shape.q_len || kv_rows < kBlockN;
+    const LogitMap<Variant> logits(variant, batch, head, shape.scale);
+    const int thread_q = q_start + score_row0 + (lane >> 2);
+    const int thread_kv = kv_start + score_col0 + 2 * (lane & 3);
+    // Positions only: worked out before the products, while fewer registers are live.
+    const unsigned long long shown =
+        checked ? logits.template visibility<kScoreBlocks>(partial, thread_q, thread_kv, shape.q_len, shape.kv_len)
+                : ~0ull;
 
-    cp_async_wait<0>();  // Q, dO (and on the first pass K, V) have landed
+    cp_async_wait<0>();  // Q, dO, LSE, delta (and on the first pass K, V) have landed
     __syncthreads();     // ... for every thread, and everyone is done with the previous dS
 
     float scores[kScoreBlocks][4];
@@ -204,26 +262,13 @@ __global__ void __launch_bounds__(Config::kThreads)
                                                                               v_tile, score_col0, 0, lane);
 
     // P and dS in place of the score and dP accumulators.
-    const LogitMap<Variant> logits(variant, batch, head, shape.scale);
     const int row_upper = score_row0 + (lane >> 2);
-    const int col_first = score_col0 + 2 * (lane & 3);
-    const float row_lse[2] = {lse_log2[row_upper], lse_log2[row_upper + 8]};
+    const float row_lse[2] = {exponent_offset(lse_tile[row_upper]), exponent_offset(lse_tile[row_upper + 8])};
     const float row_delta[2] = {delta_tile[row_upper], delta_tile[row_upper + 8]};
-#pragma unroll
-    for (int j = 0; j < kScoreBlocks; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int q = q_start + row_upper + 8 * (i >> 1);
-        const int kv = kv_start + col_first + 8 * j + (i & 1);
-        float p = 0.f;
-        float grad_s = 0.f;
-        if (!checked || logits.visible(partial, q, kv, shape.q_len, shape.kv_len)) {
-          p = fast_exp2(logits.logit(scores[j][i], q, kv) - row_lse[i >> 1]);
-          grad_s = p * (grad_p[j][i] - row_delta[i >> 1]) * logits.logit_grad(scores[j][i], q, kv);
-        }
-        scores[j][i] = p;
-        grad_p[j][i] = grad_s;
-      }
+    if (checked) {
+      backward_gradients<true>(logits, shown, thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p);
+    } else {
+      backward_gradients<false>(logits, shown, thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p);
     }
     store_accumulator<ScoreTile>(p_tile, scores, 1.f, 1.f, score_row0, score_col0, lane);
     store_accumulator<ScoreTile>(grad_s_tile, grad_p, 1.f, 1.f, score_row0, score_col0, lane);
@@ -236,13 +281,13 @@ __global__ void __launch_bounds__(Config::kThreads)
     __syncthreads();  // Q, dO, LSE and delta buffers are free: fetch the next query tile
 
     ++index;
+    const bool same_row = index < last;
     skip_empty_rows();
-    if (index < last) load_queries();
+    if (index < last) load_queries(same_row ? ahead : params.tiles.entries[index]);
     cp_async_commit();
 
     // dQ += dS K, straight into the fp32 accumulator of (head, q_start).
-    float* accum = params.grad_q_accum +
-                   ((static_cast<long long>(batch) * shape.q_heads + head) * shape.q_len + q_start) * kHeadDim;
+    float* accum = params.grad_q_accum + (current_row + q_start) * kHeadDim;
 #pragma unroll
     for (int chunk = 0; chunk < Config::kQueryCols / Config::kGradQChunk; ++chunk) {
       const int col0 = query_col0 + chunk * Config::kGradQChunk;

@@ -31,6 +31,13 @@ __device__ __forceinline__ void cp_async_16(unsigned destination, const void* so
                : "memory");
 }
 
+// 4-byte global -> shared copy; zero-fills the destination when `valid` is false.
+__device__ __forceinline__ void cp_async_4(unsigned destination, const void* source, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(destination), "l"(source),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most `kPending` committed groups are still in flight.

@@ -53,13 +53,6 @@ __device__ __forceinline__ void mbarrier_wait(unsigned barrier, unsigned parity)
 
 // ---- copies ------------------------------------------------------------------------------
 
-// 4-byte global -> shared copy; zero-fills the destination when `valid` is false.
-__device__ __forceinline__ void cp_async_4(unsigned destination, const void* source, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(destination), "l"(source),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-
 // Waits for all of this thread's cp.async copies (committed or not).
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
