@@ -286,8 +286,12 @@ __global__ void __launch_bounds__(Config::kThreads)
     if (index < last) load_queries(same_row ? ahead : params.tiles.entries[index]);
     cp_async_commit();
 
-    // dQ += dS K, straight into the fp32 accumulator of (head, q_start).
-    float* accum = params.grad_q_accum + (current_row + q_start) * kHeadDim;
+    // dQ += dS K, straight into the fp32 accumulator of (head, q_start). One
+    // address register and constant offsets for all of a thread's reductions:
+    // a reduction holds its registers until the memory pipe has read them.
+    float* thread_accum = params.grad_q_accum +
+                          (current_row + q_start + query_row0 + (lane >> 2)) * kHeadDim + query_col0 + 2 * (lane & 3);
+    const int rows_left = shape.q_len - (q_start + query_row0 + (lane >> 2));  // > row offset: in range
 #pragma unroll
     for (int chunk = 0; chunk < Config::kQueryCols / Config::kGradQChunk; ++chunk) {
       const int col0 = query_col0 + chunk * Config::kGradQChunk;
@@ -295,16 +299,17 @@ __global__ void __launch_bounds__(Config::kThreads)
       zero(grad_q);
       warp_mma_rows<Element, kQueryMAtoms, kChunkBlocks, kBlockN / 16, false, true, ScoreTile, KVTile>(
           grad_q, grad_s_tile, query_row0, 0, k_tile, col0, 0, lane);
+      keep_in_register(thread_accum);  // not recomputed per row block
 #pragma unroll
       for (int m = 0; m < kQueryMAtoms; ++m) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = query_row0 + 16 * m + (lane >> 2) + 8 * half;
-          if (q_start + row < shape.q_len) {
+          const int row_offset = 16 * m + 8 * half;
+          if (row_offset < rows_left) {
 #pragma unroll
             for (int j = 0; j < kChunkBlocks; ++j) {
-              global_add_pair(accum + row * kHeadDim + col0 + 8 * j + 2 * (lane & 3), grad_q[m][j][2 * half],
-                              grad_q[m][j][2 * half + 1]);
+              global_add_pair(thread_accum + row_offset * kHeadDim + chunk * Config::kGradQChunk + 8 * j,
+                              grad_q[m][j][2 * half], grad_q[m][j][2 * half + 1]);
             }
           }
         }

@@ -22,6 +22,14 @@ __device__ __forceinline__ unsigned shared_address(const void* pointer) {
   return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
 }
 
+// Pins a pointer's value in a register at this point of the program: the
+// compiler can no longer recompute it from its inputs where it is used (say,
+// once in each branch that uses it).
+template <class T>
+__device__ __forceinline__ void keep_in_register(T*& pointer) {
+  asm volatile("" : "+l"(pointer));
+}
+
 // 16-byte global -> shared copy that bypasses L1. When `valid` is false the
 // 16 destination bytes are zero-filled and nothing is read from `source`.
 __device__ __forceinline__ void cp_async_16(unsigned destination, const void* source, bool valid) {
