@@ -544,7 +544,7 @@ AttentionKernelPlan planAttentionKernels(const KernelBundle &bundle, const Atten
   if (choice == AttentionKernelChoice::Sm90 && !sm90Forward) {
     const bool listed = spec.hasRole(bundle::KernelRole::AttentionForwardSm90);
     std::string why;
-    if (!listed && !codegen::sm90KernelsFor(spec.qkHeadDim).forward)
+    if (!listed && !codegen::hasSm90Kernels(spec.qkHeadDim))
       why = "head_dim " + std::to_string(spec.qkHeadDim) + " has none";
     else if (!listed)
       why = "the bundle was compiled without them (dflex-compile --arch sm_90a)";

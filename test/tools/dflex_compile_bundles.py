@@ -51,7 +51,9 @@ SM90_BACKWARD_ROLES = {"attention_backward_preprocess_sm90", "attention_backward
 # bytes, tiles.
 SM90_FORWARD_LAUNCH = {64: {"threads": 384, "shared_bytes": 83016, "block_m": 128, "block_n": 128},
                        128: {"threads": 384, "shared_bytes": 164936, "block_m": 128, "block_n": 128}}
-SM90_BACKWARD_LAUNCH = {128: {"threads": 384, "shared_bytes": 231464, "block_m": 64, "block_n": 128,
+SM90_BACKWARD_LAUNCH = {64: {"threads": 384, "shared_bytes": 165928, "block_m": 64, "block_n": 128,
+                             "row_kernel_threads": 256},
+                        128: {"threads": 384, "shared_bytes": 231464, "block_m": 64, "block_n": 128,
                               "row_kernel_threads": 256}}
 # The portable kernels' launch constants per head dim and compute capability
 # (DefaultAttentionConfigs, kernels/attention/config.cuh): sm_120 forwards keep 16
@@ -97,8 +99,7 @@ def expected_roles(arch, head_dim):
     """The kernel roles a binary for `arch` must have for a spec of `head_dim`."""
     if arch not in ("sm_90a", "compute_90a"):
         return PORTABLE_ROLES
-    return (PORTABLE_ROLES | (SM90_FORWARD_ROLES if head_dim in (64, 128) else set())
-            | (SM90_BACKWARD_ROLES if head_dim == 128 else set()))
+    return PORTABLE_ROLES | (SM90_FORWARD_ROLES | SM90_BACKWARD_ROLES if head_dim in (64, 128) else set())
 
 
 def compute_capability(arch):

@@ -23,14 +23,10 @@ struct GeneratedModule {
   VariantLayout layout;
 };
 
-/// Which Hopper kernels exist for a head dim (Sm90AttentionConfigs in
-/// kernels/attention/sm90/config.cuh): a forward for 64 and 128, a backward
-/// for 128. Other head dims run the portable kernels only.
-struct Sm90Kernels {
-  bool forward = false;
-  bool backward = false;
-};
-Sm90Kernels sm90KernelsFor(int64_t headDim);
+/// Whether Hopper kernels (forward and backward) exist for a head dim
+/// (Sm90AttentionConfigs in kernels/attention/sm90/config.cuh): 64 and 128.
+/// Other head dims run the portable kernels only.
+bool hasSm90Kernels(int64_t headDim);
 
 /// Generates the forward and backward attention kernels of `spec`: the
 /// portable kernels for every arch (with the DefaultAttentionConfigs of the

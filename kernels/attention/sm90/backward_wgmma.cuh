@@ -5,7 +5,7 @@
 //      delta = rowsum(dO * O), zeroes the fp32 dQ accumulator.
 //   2. attention_backward_sm90_kernel<Config, Variant>: one block per key tile
 //      (see Sm90AttentionBackwardConfig). dK and dV accumulate in registers;
-//      each query tile's dQ goes to the accumulator as one bulk reduction
+//      each query tile's dQ goes to the accumulator by bulk reduction
 //      (cp.reduce.async.bulk .add.f32) issued by the producer warpgroup.
 //   3. attention_backward_grad_q_sm90_kernel<Config>: accumulator -> dQ.
 // The accumulator holds each query row's dQ with its 16-byte chunks permuted
@@ -41,9 +41,9 @@ struct Sm90BackwardSharedMap {
   __device__ __forceinline__ unsigned grad_s_tile(int buffer) const {
     return base + Config::kGradSOffset + buffer * Config::GradSTile::kBytes;
   }
-  // fp32 dQ of query tile i lives in buffer i % kStages until its reduction has read it.
-  __device__ __forceinline__ unsigned grad_q_tile(int stage) const {
-    return base + Config::kGradQOffset + stage * Config::kGradQBytes;
+  // fp32 dQ (partial `partial`) of query tile i lives in buffer i % kStages until its reduction has read it.
+  __device__ __forceinline__ unsigned grad_q_tile(int stage, int partial) const {
+    return base + Config::kGradQOffset + (stage * Config::kGradQPartials + partial) * Config::kGradQBytes;
   }
   __device__ __forceinline__ unsigned lse(int stage) const { return base + Config::kLseOffset + stage * Config::kBlockM * 4; }
   __device__ __forceinline__ unsigned delta(int stage) const {
@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                                  params.v_strides.row, kv_rows, thread);
     mbarrier_arrive_on_copies(smem.kv_full());
 
-    // Adds the staged dQ of the tile `reduced` points at (thread 0 only).
+    // Adds the staged dQ (each partial) of the tile `reduced` points at (thread 0 only).
     auto reduce_grad_q = [&](const BackwardTileCursor& reduced, int stage) {
       if (thread == 0) {
         const int q_start = tile_entry_index(reduced.entry()) * kBlockM;
@@ -197,7 +197,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         float* accum =
             params.grad_q_accum +
             ((static_cast<long long>(batch) * shape.q_heads + reduced.head()) * shape.q_len + q_start) * kHeadDim;
-        bulk_reduce_add_f32(accum, smem.grad_q_tile(stage), q_rows * kHeadDim * 4);
+#pragma unroll
+        for (int partial = 0; partial < Config::kGradQPartials; ++partial) {
+          bulk_reduce_add_f32(accum, smem.grad_q_tile(stage, partial), q_rows * kHeadDim * 4);
+        }
         bulk_commit();
       }
     };
@@ -249,7 +252,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     constexpr int kQuerySteps = kBlockM / 16;   // k-steps of dV, dK
     constexpr int kDimBlocks = kHeadDim / 8;    // dK, dV columns
     constexpr int kDimSteps = kHeadDim / 16;    // k-steps of S^T, dP^T
-    constexpr int kKeySteps = kBlockN / 16;     // k-steps of dQ
+    constexpr int kGradQSteps = Config::kGradQKeys / 16;  // k-steps of dQ
     constexpr int kGradQBlocks = kGradQCols / 8;
     const int consumer = warpgroup - 1;
     const int lane = threadIdx.x & 31;
@@ -347,17 +350,24 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
       wgmma_commit();
 
-      // Both warpgroups' dS^T are in shared memory (buffers alternate, so the
-      // previous tile's dQ products may still read the other one).
-      named_barrier_sync(1, 256);
-      // dQ[:, this warpgroup's kGradQCols columns] = dS K (A = dS^T stored
+      // The dS^T rows this warpgroup's dQ product reads are in shared memory:
+      // both warpgroups' (all keys) or its own (dQ split by keys). Buffers
+      // alternate, so the previous tile's dQ products may still read the other one.
+      if constexpr (Config::kGradQByKeys) {
+        named_barrier_sync(2 + consumer, 128);
+      } else {
+        named_barrier_sync(1, 256);
+      }
+      // dQ[:, kGradQCols columns] = dS K over kGradQKeys keys (A = dS^T stored
       // [key][query]: M-major; B = K stored [key][dim]: N-major).
+      const int grad_q_key0 = Config::kGradQByKeys ? 64 * consumer : 0;
+      const int grad_q_col0 = Config::kGradQByKeys ? 0 : kGradQCols * consumer;
       float grad_q[kGradQBlocks][4];
 #pragma unroll
-      for (int step = 0; step < kKeySteps; ++step) {
-        Wgmma<Element, kGradQCols>::template ss<1, 1>(grad_q, GradSTile::mn_major(grad_s_tile, 16 * step, 0),
-                                                      KVTile::mn_major(smem.k_tile(), 16 * step, kGradQCols * consumer),
-                                                      step > 0);
+      for (int step = 0; step < kGradQSteps; ++step) {
+        const int key = grad_q_key0 + 16 * step;
+        Wgmma<Element, kGradQCols>::template ss<1, 1>(grad_q, GradSTile::mn_major(grad_s_tile, key, 0),
+                                                      KVTile::mn_major(smem.k_tile(), key, grad_q_col0), step > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -367,10 +377,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
       // Stage this tile's dQ for the producer's bulk reduction, then release
       // the stage (Q, dO, LSE, delta and the dQ buffer).
-      const unsigned grad_q_tile = smem.grad_q_tile(stage);
+      const unsigned grad_q_tile = smem.grad_q_tile(stage, Config::kGradQByKeys ? consumer : 0);
 #pragma unroll
       for (int b = 0; b < kGradQBlocks; ++b) {
-        const int col = kGradQCols * consumer + 8 * b + col_pair;
+        const int col = grad_q_col0 + 8 * b + col_pair;
         store_shared_f32x2(grad_q_tile + 4 * (warp_row * kHeadDim + sm90_grad_q_column(warp_row, col)), grad_q[b][0],
                            grad_q[b][1]);
         store_shared_f32x2(grad_q_tile + 4 * ((warp_row + 8) * kHeadDim + sm90_grad_q_column(warp_row + 8, col)),

@@ -95,10 +95,14 @@ struct Sm90AttentionForwardConfig {
 // query heads of the group) it computes S^T = K Q^T and dP^T = V dO^T, so that
 // P^T and dS^T sit in its registers as the A operands of dV += P^T dO and
 // dK += dS^T Q; dK and dV stay in registers for the whole block. dS^T also
-// goes to shared memory, where both warpgroups read all 128 keys of it for
-// dQ = dS K (each computing 64 of the 128 dQ columns); the fp32 dQ tile is
-// staged in shared memory and added to the global accumulator with one bulk
-// reduction. The producer fills a ring of kStages (Q, dO, LSE, delta) stages.
+// goes to shared memory for dQ = dS K, whose fp32 tile is staged in shared
+// memory and added to the global accumulator by bulk reduction:
+//   head_dim 128: both warpgroups read all 128 keys of dS^T, each computing
+//     64 of the 128 dQ columns; one staged tile.
+//   head_dim 64: an MN-major wgmma operand spans whole 64-column swizzle
+//     blocks, so the columns cannot split; each warpgroup computes every
+//     column over its own 64 keys, and both partial tiles are reduced.
+// The producer fills a ring of kStages (Q, dO, LSE, delta) stages.
 template <class Element_, int kHeadDim_, int kStages_ = 2>
 struct Sm90AttentionBackwardConfig {
   using Element = Element_;
@@ -109,7 +113,10 @@ struct Sm90AttentionBackwardConfig {
   static constexpr int kThreads = 3 * 128;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
-  static constexpr int kGradQCols = kHeadDim / 2;  // dQ columns per consumer warpgroup
+  static constexpr bool kGradQByKeys = kHeadDim == 64;                // dQ split by keys, not by columns
+  static constexpr int kGradQCols = kGradQByKeys ? kHeadDim : kHeadDim / 2;  // dQ columns per consumer warpgroup
+  static constexpr int kGradQKeys = kGradQByKeys ? kBlockN / 2 : kBlockN;   // keys each dQ product reduces over
+  static constexpr int kGradQPartials = kGradQByKeys ? 2 : 1;               // staged dQ tiles per query tile
 
   using QTile = Sw128Tile<kBlockM, kHeadDim>;      // Q and dO of one stage
   using KVTile = Sw128Tile<kBlockN, kHeadDim>;     // K and V, then dK and dV on the way out
@@ -124,12 +131,12 @@ struct Sm90AttentionBackwardConfig {
   static constexpr int kGradOOffset = kQOffset + kStages * QTile::kBytes;
   static constexpr int kGradSOffset = kGradOOffset + kStages * QTile::kBytes;  // two buffers
   static constexpr int kGradQOffset = kGradSOffset + 2 * GradSTile::kBytes;    // two buffers
-  static constexpr int kLseOffset = kGradQOffset + 2 * kGradQBytes;            // raw LSE per stage
+  static constexpr int kLseOffset = kGradQOffset + kStages * kGradQPartials * kGradQBytes;  // raw LSE per stage
   static constexpr int kDeltaOffset = kLseOffset + kStages * kBlockM * 4;
   static constexpr int kBarrierOffset = kDeltaOffset + kStages * kBlockM * 4;
   static constexpr int kSharedBytes = kBarrierOffset + 8 * kBarrierCount + kSwizzleAlignment;
 
-  static_assert(kHeadDim == 128, "sm90 backward: head_dim 128 (dQ splits into two 64-column swizzle blocks)");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 backward: head_dim 64 or 128 (64-column swizzle blocks)");
   static_assert(kStages >= 2, "sm90 backward: at least two query stages");
   static_assert(kSharedBytes <= kMaxSharedMemoryPerBlockSm90, "sm90 backward config exceeds shared memory");
 };
@@ -142,7 +149,8 @@ struct Sm90AttentionConfigs;
 template <class Element>
 struct Sm90AttentionConfigs<Element, 64> {
   using Forward = Sm90AttentionForwardConfig<Element, 64, 128, 2>;  // 97 KB
-  static constexpr bool kHasBackward = false;
+  using Backward = Sm90AttentionBackwardConfig<Element, 64, 2>;    // 162 KB
+  static constexpr bool kHasBackward = true;
 };
 
 template <class Element>

@@ -1,8 +1,8 @@
 // RUN: dflex-compile %s --emit-cuda | FileCheck %s
 
 // The Hopper (sm_90a, wgmma) kernels are declared only under the sm_90a
-// feature macro: a forward for head_dim 64 and 128, a backward for 128, none
-// for 256. Their launch constants sit under the same guard.
+// feature macro: a forward and a backward for head_dim 64 and 128, none for
+// 256. Their launch constants sit under the same guard.
 
 dflex.mask @causal(%b: index, %h: index, %q: index, %kv: index) {
   %r = arith.cmpi uge, %q, %kv : index
@@ -31,8 +31,11 @@ dflex.attention @d256 mask @causal heads(8, 2) head_dim(256, 256) : bf16
 // CHECK-NEXT:  extern "C" __device__ const int dflex_forward_sm90_launch[4] = {
 // CHECK-NEXT:      dflex_generated::Sm90Configs::Forward::kThreads, dflex_generated::Sm90Configs::Forward::kSharedBytes,
 // CHECK-NEXT:      dflex_generated::Sm90Configs::Forward::kBlockM, dflex_generated::Sm90Configs::Forward::kBlockN};
+// CHECK-NEXT:  extern "C" __device__ const int dflex_backward_sm90_launch[5] = {
+// CHECK-NEXT:      dflex_generated::Sm90Configs::Backward::kThreads, dflex_generated::Sm90Configs::Backward::kSharedBytes,
+// CHECK-NEXT:      dflex_generated::Sm90Configs::Backward::kBlockM, dflex_generated::Sm90Configs::Backward::kBlockN,
+// CHECK-NEXT:      ::dflex::kernels::kRowKernelThreads};
 // CHECK-NEXT:  #endif
-// CHECK-NOT:   dflex_backward_sm90_launch
 
 // CHECK-LABEL: the attention kernels of @d128.
 // CHECK:       #include "attention/sm90/attention_sm90.cuh"
