@@ -9,7 +9,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace dflex::codegen {
@@ -164,6 +167,105 @@ std::vector<std::pair<int64_t, int64_t>> integerRanges(const Program &program) {
   return range;
 }
 
+/// For each instruction, the comparisons that hold wherever its value can
+/// change a result of the program: in an andi of i1 values, each operand
+/// decides the result only where the other holds (and where that one's own
+/// conjuncts hold), and in select(c, x, y), x only where c holds. A value
+/// used several times keeps what every use guarantees; one that reaches no
+/// result keeps nothing. So a division whose numerator is bounded only under
+/// a guard (`q >= kv` before `(q - kv) % n`) may compute garbage where the
+/// guard fails: the result does not depend on it there.
+std::vector<std::vector<int32_t>> guardsOf(const Program &program) {
+  const size_t count = program.instructions.size();
+  auto isConjunction = [&](const Instruction &inst) {
+    return inst.op == Opcode::AndI && inst.type == ScalarType::I1;
+  };
+  std::vector<std::vector<int32_t>> conjuncts(count);
+  for (size_t n = 0; n < count; ++n) {
+    const Instruction &inst = program.instructions[n];
+    conjuncts[n] = {int32_t(n)};
+    if (isConjunction(inst))
+      for (int32_t operand : inst.operands)
+        conjuncts[n].insert(conjuncts[n].end(), conjuncts[operand].begin(), conjuncts[operand].end());
+    std::sort(conjuncts[n].begin(), conjuncts[n].end());
+    conjuncts[n].erase(std::unique(conjuncts[n].begin(), conjuncts[n].end()), conjuncts[n].end());
+  }
+  std::vector<std::optional<std::vector<int32_t>>> guards(count); // unset: no use reaches a result
+  for (int32_t root : {program.result, program.scoreDerivative})
+    if (root >= 0)
+      guards[root].emplace();
+  for (size_t n = count; n-- > 0;) {
+    if (!guards[n])
+      continue;
+    const Instruction &inst = program.instructions[n];
+    for (size_t k = 0; k < inst.operands.size(); ++k) {
+      const int32_t operand = inst.operands[k];
+      std::vector<int32_t> guard = *guards[n];
+      int32_t condition = -1; // what must hold for this operand to matter here
+      if (isConjunction(inst) && inst.operands[1 - k] != operand)
+        condition = inst.operands[1 - k];
+      if (inst.op == Opcode::Select && k == 1 && inst.operands[0] != operand)
+        condition = inst.operands[0];
+      if (condition >= 0) {
+        guard.insert(guard.end(), conjuncts[condition].begin(), conjuncts[condition].end());
+        std::sort(guard.begin(), guard.end());
+        guard.erase(std::unique(guard.begin(), guard.end()), guard.end());
+      }
+      if (!guards[operand]) {
+        guards[operand] = std::move(guard);
+        continue;
+      }
+      std::vector<int32_t> common;
+      std::set_intersection(guards[operand]->begin(), guards[operand]->end(), guard.begin(), guard.end(),
+                            std::back_inserter(common));
+      guards[operand] = std::move(common);
+    }
+  }
+  std::vector<std::vector<int32_t>> result(count);
+  for (size_t n = 0; n < count; ++n)
+    if (guards[n])
+      result[n] = std::move(*guards[n]);
+  return result;
+}
+
+/// The range of integer instruction `value` wherever the comparisons
+/// `facts` hold (guardsOf), from the facts that bound it, on non-negative
+/// operands: x - y where x >= y (or x > y) lies in [0, max x - min y], and
+/// a value below (or at most) another is at most that one's maximum.
+std::pair<int64_t, int64_t> rangeWhere(const Program &program,
+                                       const std::vector<std::pair<int64_t, int64_t>> &range,
+                                       int32_t value, const std::vector<int32_t> &facts) {
+  std::pair<int64_t, int64_t> bounded = range[value];
+  const Instruction &inst = program.instructions[value];
+  for (int32_t fact : facts) {
+    const Instruction &compare = program.instructions[fact];
+    if (compare.op != Opcode::CmpI)
+      continue;
+    int32_t larger = compare.operands[0], smaller = compare.operands[1];
+    bool strict = false;
+    switch (compare.imm) {
+    case sem::SGT:
+    case sem::UGT: strict = true; [[fallthrough]];
+    case sem::SGE:
+    case sem::UGE: break;
+    case sem::SLT:
+    case sem::ULT: strict = true; [[fallthrough]];
+    case sem::SLE:
+    case sem::ULE: std::swap(larger, smaller); break;
+    default: continue;
+    }
+    // On non-negative values, signed and unsigned comparisons agree.
+    if (range[larger].first < 0 || range[smaller].first < 0)
+      continue;
+    if (inst.op == Opcode::SubI && inst.operands[0] == larger && inst.operands[1] == smaller)
+      bounded = {std::max<int64_t>(bounded.first, strict ? 1 : 0),
+                 std::min(bounded.second, range[larger].second - range[smaller].first)};
+    if (value == smaller)
+      bounded = {std::max<int64_t>(bounded.first, 0), std::min(bounded.second, range[larger].second - strict)};
+  }
+  return bounded;
+}
+
 /// A division by a launch-invariant divisor and the kind of magic it takes.
 struct InvariantDivision {
   int32_t instruction;
@@ -172,12 +274,14 @@ struct InvariantDivision {
 
 /// The divisions, remainders, floor and ceiling divisions of `program` whose
 /// divisor is launch-invariant but not a constant (NVRTC reduces those
-/// itself): those whose numerator is proven within [0, 2^32) (or is an
-/// unsigned value of at most 32 bits) take a sem::UDivisor, other unsigned
-/// ones a sem::WideUDivisor; other signed ones stay divisions.
+/// itself): those whose numerator is proven within [0, 2^32) wherever the
+/// division's value matters (guardsOf; or is an unsigned value of at most 32
+/// bits) take a sem::UDivisor, other unsigned ones a sem::WideUDivisor;
+/// other signed ones stay divisions.
 std::vector<InvariantDivision> divisionsByInvariants(const Program &program) {
   const std::vector<bool> invariant = launchInvariant(program);
   const auto range = integerRanges(program);
+  const auto guards = guardsOf(program);
   std::vector<InvariantDivision> divisions;
   for (size_t n = 0; n < program.instructions.size(); ++n) {
     const Instruction &inst = program.instructions[n];
@@ -187,7 +291,8 @@ std::vector<InvariantDivision> divisionsByInvariants(const Program &program) {
     const int32_t numerator = inst.operands[0], divisor = inst.operands[1];
     if (!invariant[divisor] || program.instructions[divisor].op == Opcode::Constant)
       continue;
-    const bool narrow = (range[numerator].first >= 0 && range[numerator].second < (int64_t(1) << 32)) ||
+    const std::pair<int64_t, int64_t> bounded = rangeWhere(program, range, numerator, guards[n]);
+    const bool narrow = (bounded.first >= 0 && bounded.second < (int64_t(1) << 32)) ||
                         (isUnsigned && expr::intWidth(inst.type) <= 32);
     if (narrow || isUnsigned)
       divisions.push_back({int32_t(n), !narrow});

@@ -2,7 +2,8 @@
 //
 // Integer mask bodies over b, h, q_idx and kv_idx, a scalar capture `n` and a
 // tensor capture `t`, drawn from a seed: arithmetic, divisions and remainders
-// (by `n`, strength-reduced, and by other values), reads of `t`, comparisons,
+// (by `n`, strength-reduced, and by other values), differences guarded by
+// their order (x - y where x >= y is a condition), reads of `t`, comparisons,
 // selects and logic, mixing the arguments in every way the split into row,
 // column and pair parts meets, and the interval rules of the tile analysis
 // meet in combination. A seed always gives the same body, so the codegen
@@ -14,6 +15,7 @@
 #define DFLEX_TEST_RANDOMMASKS_H
 
 #include "ProgramBuilder.h"
+#include "dflex/Expr/Semantics.h"
 
 #include <random>
 #include <string>
@@ -41,7 +43,7 @@ inline expr::Program randomMask(uint64_t seed) {
                                        Opcode::DivSI, Opcode::RemSI};
   const int steps = 6 + static_cast<int>(below(12));
   for (int step = 0; step < steps; ++step) {
-    switch (below(6)) {
+    switch (below(7)) {
     case 0:
     case 1: {
       const Opcode op = kArithmetic[below(std::size(kArithmetic))];
@@ -65,6 +67,13 @@ inline expr::Program randomMask(uint64_t seed) {
         values.push_back(builder.add(Opcode::Select, ScalarType::Index,
                              {conditions[below(conditions.size())], anyValue(), anyValue()}));
       break;
+    case 5: { // x - y where x >= y (or x > y) is a condition: bounded where the condition holds
+      const int32_t x = anyValue(), y = anyValue();
+      static const int64_t kOrders[] = {sem::UGE, sem::UGT, sem::SGE};
+      conditions.push_back(builder.add(Opcode::CmpI, ScalarType::I1, {x, y}, kOrders[below(3)], 64));
+      values.push_back(builder.add(Opcode::SubI, ScalarType::Index, {x, y}));
+      break;
+    }
     default:
       if (conditions.size() >= 2)
         conditions.push_back(builder.add(below(2) ? Opcode::AndI : Opcode::OrI, ScalarType::I1,

@@ -34,6 +34,7 @@ namespace sem {
 
 typedef long long i64;
 typedef unsigned long long u64;
+typedef unsigned int u32;
 
 /// A captured tensor as kernels see it: element pointer, then sizes and
 /// strides (in elements). Every field is 8 bytes, so the layout is the same
@@ -155,10 +156,17 @@ DFLEX_SEM_FN UDivisor makeSDivisor(i64 b, int w) {
   return result;
 }
 DFLEX_SEM_FN int udivisorKind(UDivisor d) { return (int)((d.packed >> 48) & 0xff); }
-/// n / d for n < 2^32 and a magic divisor.
+/// n / d for a magic divisor, exact for n < 2^32 (which codegen proves
+/// wherever the quotient matters), in 32-bit arithmetic: a kernel then
+/// multiplies 32-bit values; a larger n gives some quotient of its low bits.
 DFLEX_SEM_FN u64 magicQuotient(u64 n, UDivisor d) {
-  const u64 t = ((d.packed & 0xffffffffull) * n) >> 32;
-  return (t + ((n - t) >> ((d.packed >> 32) & 0xff))) >> ((d.packed >> 40) & 0xff);
+  const u32 low = (u32)n;
+  const u32 t = (u32)(((u64)(u32)d.packed * low) >> 32);
+  return (t + ((low - t) >> ((d.packed >> 32) & 0xff))) >> ((d.packed >> 40) & 0xff);
+}
+/// n % d for a magic divisor, under the same condition.
+DFLEX_SEM_FN u64 magicRemainder(u64 n, UDivisor d) {
+  return (u32)((u32)n - (u32)magicQuotient(n, d) * (u32)d.divisor);
 }
 /// divui(a, d.divisor, w) when asUnsigned(a, w) < 2^32 (which codegen proves).
 DFLEX_SEM_FN i64 divuiBy(i64 a, UDivisor d, int w) {
@@ -169,7 +177,7 @@ DFLEX_SEM_FN i64 divuiBy(i64 a, UDivisor d, int w) {
 DFLEX_SEM_FN i64 remuiBy(i64 a, UDivisor d, int w) {
   const u64 n = asUnsigned(a, w);
   switch (udivisorKind(d)) {
-  case kDivideByMagic: return wrap(n - magicQuotient(n, d) * d.divisor, w);
+  case kDivideByMagic: return wrap(magicRemainder(n, d), w);
   case kDivideByLarge: return wrap(n, w);
   default: return 0;
   }
@@ -178,10 +186,7 @@ DFLEX_SEM_FN i64 remuiBy(i64 a, UDivisor d, int w) {
 DFLEX_SEM_FN i64 ceildivuiBy(i64 a, UDivisor d, int w) {
   const u64 n = asUnsigned(a, w);
   switch (udivisorKind(d)) {
-  case kDivideByMagic: {
-    const u64 q = magicQuotient(n, d);
-    return wrap(q + (n - q * d.divisor != 0 ? 1 : 0), w);
-  }
+  case kDivideByMagic: return wrap(magicQuotient(n, d) + (magicRemainder(n, d) != 0 ? 1 : 0), w);
   case kDivideByLarge: return wrap(n != 0 ? 1 : 0, w);
   default: return 0;
   }
@@ -189,6 +194,9 @@ DFLEX_SEM_FN i64 ceildivuiBy(i64 a, UDivisor d, int w) {
 /// a / |d| and a % |d| for 0 <= a < 2^32.
 DFLEX_SEM_FN u64 magnitudeQuotient(u64 n, UDivisor d) {
   return udivisorKind(d) == kDivideByMagic ? magicQuotient(n, d) : 0;
+}
+DFLEX_SEM_FN u64 magnitudeRemainder(u64 n, UDivisor d) {
+  return udivisorKind(d) == kDivideByMagic ? magicRemainder(n, d) : n;
 }
 DFLEX_SEM_FN bool negativeDivisor(UDivisor d) { return (d.packed >> 56) & 1; }
 /// divsi, remsi, floordivsi and ceildivsi by a makeSDivisor divisor, for
@@ -200,13 +208,13 @@ DFLEX_SEM_FN i64 divsiBy(i64 a, UDivisor d, int w) {
 DFLEX_SEM_FN i64 remsiBy(i64 a, UDivisor d, int w) {
   if (udivisorKind(d) == kDivideByZero)
     return 0;
-  return wrap((u64)a - magnitudeQuotient((u64)a, d) * d.divisor, w);
+  return wrap(magnitudeRemainder((u64)a, d), w);
 }
 DFLEX_SEM_FN i64 floordivsiBy(i64 a, UDivisor d, int w) {
   const u64 q = magnitudeQuotient((u64)a, d);
   if (!negativeDivisor(d))
     return wrap(q, w);
-  const bool exact = (u64)a == q * d.divisor;
+  const bool exact = magnitudeRemainder((u64)a, d) == 0;
   return wrap(0ull - q - (exact || d.divisor == 1 ? 0 : 1), w);
 }
 DFLEX_SEM_FN i64 ceildivsiBy(i64 a, UDivisor d, int w) {
@@ -215,7 +223,7 @@ DFLEX_SEM_FN i64 ceildivsiBy(i64 a, UDivisor d, int w) {
   const u64 q = magnitudeQuotient((u64)a, d);
   if (negativeDivisor(d))
     return wrap(0ull - q, w);
-  return wrap(q + ((u64)a != q * d.divisor ? 1 : 0), w);
+  return wrap(q + (magnitudeRemainder((u64)a, d) != 0 ? 1 : 0), w);
 }
 
 /// A launch-invariant divisor for unsigned numerators of any width up to 64

@@ -1,7 +1,8 @@
 // RUN: dflex-compile %s --emit-cuda | FileCheck %s
 
 // Divisions by launch-invariant values become multiplications by a magic the
-// host computes: a 32-bit one where the numerator is proven below 2^32, a
+// host computes: a 32-bit one where the numerator is proven below 2^32 (where
+// the division's value matters), a
 // 64-bit one for an unsigned numerator that may wrap; a constant divisor is
 // left to NVRTC.
 dflex.mask @dilated(%b: index, %h: index, %q: index, %kv: index) captures(%chunk: index, %dilation: index) {
@@ -38,3 +39,42 @@ dflex.attention @layer mask @dilated heads(8, 2) head_dim(64, 64) : bf16
 // CHECK-NOT:     divuiBy
 // CHECK:         = remuiWideBy(v{{[0-9]+}}, [[DILATION]], 64);
 // CHECK:         return
+
+// Where the mask also requires q >= kv (an andi with it), q - kv lies in
+// [0, 2^31 + 2^16) wherever its remainder decides the mask: a 32-bit magic
+// divides it (elsewhere it may wrap, and the mask is false whatever the
+// remainder). Joined by an ori the order does not hold where the remainder
+// counts, so the division stays 64-bit.
+dflex.mask @causal_dilated(%b: index, %h: index, %q: index, %kv: index) captures(%dilation: index) {
+  %c0 = arith.constant 0 : index
+  %causal = arith.cmpi uge, %q, %kv : index
+  %d = arith.subi %q, %kv : index
+  %phase = arith.remui %d, %dilation : index
+  %on = arith.cmpi eq, %phase, %c0 : index
+  %r = arith.andi %causal, %on : i1
+  dflex.yield %r : i1
+}
+
+dflex.mask @causal_or_dilated(%b: index, %h: index, %q: index, %kv: index) captures(%dilation: index) {
+  %c0 = arith.constant 0 : index
+  %causal = arith.cmpi uge, %q, %kv : index
+  %d = arith.subi %q, %kv : index
+  %phase = arith.remui %d, %dilation : index
+  %on = arith.cmpi eq, %phase, %c0 : index
+  %r = arith.ori %causal, %on : i1
+  dflex.yield %r : i1
+}
+
+dflex.attention @guarded mask @causal_dilated heads(8, 2) head_dim(64, 64) : bf16
+dflex.attention @unguarded mask @causal_or_dilated heads(8, 2) head_dim(64, 64) : bf16
+
+// CHECK-LABEL: the attention kernels of @guarded.
+// CHECK:         // divisor: mask value v{{[0-9]+}}, unsigned at 64 bits, byte 8
+// CHECK-NEXT:    ::dflex::sem::UDivisor [[GUARDED:mask_divisor[0-9]+_u64]];
+// CHECK-LABEL: bool mask_pair(
+// CHECK:         = remuiBy(v{{[0-9]+}}, [[GUARDED]], 64);
+// CHECK-LABEL: the attention kernels of @unguarded.
+// CHECK:         // divisor: mask value v{{[0-9]+}}, unsigned, any numerator, at 64 bits, byte 8
+// CHECK-NEXT:    ::dflex::sem::WideUDivisor [[UNGUARDED:mask_divisor[0-9]+_w64]];
+// CHECK-LABEL: bool mask_pair(
+// CHECK:         = remuiWideBy(v{{[0-9]+}}, [[UNGUARDED]], 64);
