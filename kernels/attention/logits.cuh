@@ -54,12 +54,9 @@ struct LogitMap {
   // registers are live. The mask's row parts (the thread's two rows) are
   // worked out once, its column parts once per key column, and only its pair
   // part per element (the contract in variant.cuh). The loop over key blocks
-  // is unrolled kUnroll times only: the mask's body then appears kUnroll times
-  // per row pair instead of once per element, which keeps NVRTC's time on the
-  // kernels down. Unrolled by more, the column parts of several key blocks (a
-  // document id read per column, say) are in flight together, for kernels
-  // with registers to spare.
-  template <int kBlocks, int kUnroll = 1>
+  // stays rolled: the mask's body then appears once per row pair instead of
+  // once per element, which keeps NVRTC's time on the kernels down.
+  template <int kBlocks>
   __device__ __forceinline__ unsigned long long visibility(bool partial, int q0, int kv0, int q_len,
                                                            int kv_len) const {
     static_assert(4 * kBlocks <= 64, "one bit per element of a 64-bit word");
@@ -67,7 +64,7 @@ struct LogitMap {
     const typename MaskParts<Variant>::Row rows[2] = {parts.row(min(q0, q_len - 1)),
                                                       parts.row(min(q0 + 8, q_len - 1))};
     unsigned long long bits = 0;
-#pragma unroll kUnroll
+#pragma unroll 1
     for (int j = 0; j < kBlocks; ++j) {
       const int kv = kv0 + 8 * j;
       const typename MaskParts<Variant>::Column columns[2] = {parts.column(min(kv, kv_len - 1)),

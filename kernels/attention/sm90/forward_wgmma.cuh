@@ -111,14 +111,12 @@ struct Sm90ForwardConsumer {
     return tile_entry_index(entries[j]) * kBlockN + 2 * (lane & 3);
   }
 
-  // Visibility bits of key tile j's pairs (all set for an unchecked tile),
-  // four key blocks at a time: a consumer has registers to spare before its
-  // products are issued, and a mask's column reads then overlap.
+  // Visibility bits of key tile j's pairs (all set for an unchecked tile).
   template <bool kChecked>
   __device__ __forceinline__ unsigned long long visibility(int j) const {
     if (!kChecked || !checked(j)) return ~0ull;
-    return logits.template visibility<kScoreBlocks, 4>(tile_entry_partial(entries[j]), thread_q, first_key(j), q_len,
-                                                       kv_len);
+    return logits.template visibility<kScoreBlocks>(tile_entry_partial(entries[j]), thread_q, first_key(j), q_len,
+                                                    kv_len);
   }
 
   // Logits of S(j) (pairs not in `visible` hidden), new row maxima and sums;
