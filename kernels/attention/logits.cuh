@@ -69,12 +69,14 @@ struct LogitMap {
       const int kv = kv0 + 8 * j;
       const typename MaskParts<Variant>::Column columns[2] = {parts.column(min(kv, kv_len - 1)),
                                                               parts.column(min(kv + 1, kv_len - 1))};
+      unsigned block_bits = 0;  // one 64-bit shift per key block, not per element
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const bool in_range = (q0 + 8 * (i >> 1) < q_len) & (kv + (i & 1) < kv_len);
         const bool shown = in_range & (!partial | parts.pair(rows[i >> 1], columns[i & 1]));
-        bits |= static_cast<unsigned long long>(shown) << (4 * j + i);
+        block_bits |= static_cast<unsigned>(shown) << i;
       }
+      bits |= static_cast<unsigned long long>(block_bits) << (4 * j);
     }
     return bits;
   }

@@ -156,74 +156,57 @@ DFLEX_SEM_FN UDivisor makeSDivisor(i64 b, int w) {
   return result;
 }
 DFLEX_SEM_FN int udivisorKind(UDivisor d) { return (int)((d.packed >> 48) & 0xff); }
-/// n / d for a magic divisor, exact for n < 2^32 (which codegen proves
-/// wherever the quotient matters), in 32-bit arithmetic: a kernel then
-/// multiplies 32-bit values; a larger n gives some quotient of its low bits.
-DFLEX_SEM_FN u64 magicQuotient(u64 n, UDivisor d) {
+/// All ones for a magic divisor, zero for a large or a zero one; all ones
+/// unless the divisor is zero. Masks rather than branches on the kind: a
+/// compiler hoists them out of a kernel's loops, where a branch would sit
+/// at every element.
+DFLEX_SEM_FN u32 magicMask(UDivisor d) { return udivisorKind(d) == kDivideByMagic ? ~0u : 0u; }
+DFLEX_SEM_FN u32 nonZeroMask(UDivisor d) { return udivisorKind(d) == kDivideByZero ? 0u : ~0u; }
+/// n / d, exact for n < 2^32 (which codegen proves wherever the quotient
+/// matters): 0 for a large or a zero divisor (whose packed magic and shifts
+/// are 0). In 32-bit arithmetic, so a kernel multiplies 32-bit values; a
+/// larger n gives some quotient of its low bits.
+DFLEX_SEM_FN u32 magicQuotient(u64 n, UDivisor d) {
   const u32 low = (u32)n;
   const u32 t = (u32)(((u64)(u32)d.packed * low) >> 32);
-  return (t + ((low - t) >> ((d.packed >> 32) & 0xff))) >> ((d.packed >> 40) & 0xff);
+  return ((t + ((low - t) >> ((d.packed >> 32) & 0xff))) >> ((d.packed >> 40) & 0xff)) & magicMask(d);
 }
-/// n % d for a magic divisor, under the same condition.
-DFLEX_SEM_FN u64 magicRemainder(u64 n, UDivisor d) {
-  return (u32)((u32)n - (u32)magicQuotient(n, d) * (u32)d.divisor);
-}
+/// n - (n / d) * d under the same condition: n for a large or a zero divisor.
+DFLEX_SEM_FN u32 magicRemainder(u64 n, UDivisor d) { return (u32)n - magicQuotient(n, d) * (u32)d.divisor; }
 /// divui(a, d.divisor, w) when asUnsigned(a, w) < 2^32 (which codegen proves).
-DFLEX_SEM_FN i64 divuiBy(i64 a, UDivisor d, int w) {
-  const int kind = udivisorKind(d);
-  return kind == kDivideByMagic ? wrap(magicQuotient(asUnsigned(a, w), d), w) : 0;
-}
-/// remui(a, d.divisor, w) under the same condition.
+DFLEX_SEM_FN i64 divuiBy(i64 a, UDivisor d, int w) { return wrap(magicQuotient(asUnsigned(a, w), d), w); }
+/// remui(a, d.divisor, w) under the same condition (x % 0 == 0).
 DFLEX_SEM_FN i64 remuiBy(i64 a, UDivisor d, int w) {
-  const u64 n = asUnsigned(a, w);
-  switch (udivisorKind(d)) {
-  case kDivideByMagic: return wrap(magicRemainder(n, d), w);
-  case kDivideByLarge: return wrap(n, w);
-  default: return 0;
-  }
+  return wrap(magicRemainder(asUnsigned(a, w), d) & nonZeroMask(d), w);
 }
 /// ceildivui(a, d.divisor, w) under the same condition.
 DFLEX_SEM_FN i64 ceildivuiBy(i64 a, UDivisor d, int w) {
   const u64 n = asUnsigned(a, w);
-  switch (udivisorKind(d)) {
-  case kDivideByMagic: return wrap(magicQuotient(n, d) + (magicRemainder(n, d) != 0 ? 1 : 0), w);
-  case kDivideByLarge: return wrap(n != 0 ? 1 : 0, w);
-  default: return 0;
-  }
-}
-/// a / |d| and a % |d| for 0 <= a < 2^32.
-DFLEX_SEM_FN u64 magnitudeQuotient(u64 n, UDivisor d) {
-  return udivisorKind(d) == kDivideByMagic ? magicQuotient(n, d) : 0;
-}
-DFLEX_SEM_FN u64 magnitudeRemainder(u64 n, UDivisor d) {
-  return udivisorKind(d) == kDivideByMagic ? magicRemainder(n, d) : n;
+  const u32 remainder = magicRemainder(n, d) & nonZeroMask(d);
+  return wrap((u64)magicQuotient(n, d) + (remainder != 0 ? 1 : 0), w);
 }
 DFLEX_SEM_FN bool negativeDivisor(UDivisor d) { return (d.packed >> 56) & 1; }
 /// divsi, remsi, floordivsi and ceildivsi by a makeSDivisor divisor, for
-/// numerators a with 0 <= a < 2^32 (which codegen proves); x / 0 == 0.
+/// numerators a with 0 <= a < 2^32 (which codegen proves); x / 0 == 0. The
+/// quotient and remainder of the magnitude, then the divisor's sign.
 DFLEX_SEM_FN i64 divsiBy(i64 a, UDivisor d, int w) {
-  const u64 q = magnitudeQuotient((u64)a, d);
+  const u64 q = magicQuotient((u64)a, d);
   return wrap(negativeDivisor(d) ? 0ull - q : q, w);
 }
 DFLEX_SEM_FN i64 remsiBy(i64 a, UDivisor d, int w) {
-  if (udivisorKind(d) == kDivideByZero)
-    return 0;
-  return wrap(magnitudeRemainder((u64)a, d), w);
+  return wrap(magicRemainder((u64)a, d) & nonZeroMask(d), w);
 }
 DFLEX_SEM_FN i64 floordivsiBy(i64 a, UDivisor d, int w) {
-  const u64 q = magnitudeQuotient((u64)a, d);
+  const u64 q = magicQuotient((u64)a, d);
   if (!negativeDivisor(d))
     return wrap(q, w);
-  const bool exact = magnitudeRemainder((u64)a, d) == 0;
+  const bool exact = magicRemainder((u64)a, d) == 0;
   return wrap(0ull - q - (exact || d.divisor == 1 ? 0 : 1), w);
 }
 DFLEX_SEM_FN i64 ceildivsiBy(i64 a, UDivisor d, int w) {
-  if (udivisorKind(d) == kDivideByZero)
-    return 0;
-  const u64 q = magnitudeQuotient((u64)a, d);
-  if (negativeDivisor(d))
-    return wrap(0ull - q, w);
-  return wrap(q + (magnitudeRemainder((u64)a, d) != 0 ? 1 : 0), w);
+  const u64 q = magicQuotient((u64)a, d);
+  const u32 remainder = magicRemainder((u64)a, d) & nonZeroMask(d);
+  return wrap(negativeDivisor(d) ? 0ull - q : q + (remainder != 0 ? 1 : 0), w);
 }
 
 /// A launch-invariant divisor for unsigned numerators of any width up to 64
