@@ -2,6 +2,8 @@
 
 #include "dflex/Codegen/Variant.h"
 
+#include "dflex/Bundle/Specs.h"
+
 #include "dflex/Expr/Semantics.h"
 
 #include <cctype>
@@ -85,9 +87,10 @@ std::vector<Variance> maskVariance(const Program &program) {
 }
 
 /// Conservative signed ranges of the integer instructions, over every
-/// launch the kernels take: b and h below 65536, q_idx and kv_idx below
-/// 2^31 + 2^16 (the op's lengths are below 2^31; a tile's rows past the end
-/// stay within a tile of it); unknown values span the whole type.
+/// launch the kernels take: b and h at most bundle::kMaxAttentionBatchOrHeads,
+/// q_idx and kv_idx below 2^31 (lengths at most bundle::kMaxAttentionLength,
+/// and a tile's rows past the end within 2^16 of it); unknown values span
+/// their type.
 std::vector<std::pair<int64_t, int64_t>> integerRanges(const Program &program) {
   constexpr int64_t kMin = INT64_MIN, kMax = INT64_MAX;
   std::vector<std::pair<int64_t, int64_t>> range(program.instructions.size(), {kMin, kMax});
@@ -102,7 +105,8 @@ std::vector<std::pair<int64_t, int64_t>> integerRanges(const Program &program) {
     std::pair<int64_t, int64_t> out{kMin, kMax};
     switch (inst.op) {
     case Opcode::Argument:
-      out = {0, inst.imm + (program.isScoreMod ? 0 : 1) <= 2 ? 65535 : (int64_t(1) << 31) + (1 << 16)};
+      out = {0, inst.imm + (program.isScoreMod ? 0 : 1) <= 2 ? bundle::kMaxAttentionBatchOrHeads
+                                                               : bundle::kMaxAttentionLength + (1 << 16) - 1};
       break;
     case Opcode::Constant: out = {inst.imm, inst.imm}; break;
     case Opcode::Dim: out = {0, kMax}; break;
@@ -159,9 +163,9 @@ std::vector<std::pair<int64_t, int64_t>> integerRanges(const Program &program) {
     default: break;
     }
     // A value of width w holds what its wrapped result can be: a range
-    // that does not fit w bits is unknown.
+    // that does not fit w bits is any w-bit value (held sign-extended).
     if (w < 64 && (out.first < -(int64_t(1) << (w - 1)) || out.second >= (int64_t(1) << (w - 1))))
-      out = {kMin, kMax};
+      out = {-(int64_t(1) << (w - 1)), (int64_t(1) << (w - 1)) - 1};
     range[n] = out;
   }
   return range;
@@ -407,6 +411,11 @@ public:
   BodyEmitter(std::ostringstream &out, const Program &program, const VariantLayout &layout,
               bool isScoreMod)
       : out(out), program(program), layout(layout) {
+    const auto range = integerRanges(program);
+    narrow.resize(program.instructions.size());
+    for (size_t n = 0; n < program.instructions.size(); ++n)
+      narrow[n] = !expr::isFloat(program.instructions[n].type) && range[n].first >= INT32_MIN &&
+                  range[n].second <= INT32_MAX;
     for (const InvariantDivision &division : divisionsByInvariants(program)) {
       const DivisorSlot wanted = divisorOf(program, division, isScoreMod);
       for (const DivisorSlot &slot : layout.divisors)
@@ -466,7 +475,7 @@ public:
 private:
   std::string value(int32_t n) const { return "v" + std::to_string(n); }
   const char *typeOf(int32_t n) const {
-    return expr::isFloat(program.instructions[n].type) ? "float" : "::dflex::sem::i64";
+    return expr::isFloat(program.instructions[n].type) ? "float" : narrow[n] ? "int" : "::dflex::sem::i64";
   }
 
   /// The statements of the `wanted` values and of what they are computed
@@ -642,8 +651,11 @@ private:
     }
     if (!inst.location.empty())
       out << "    // " << inst.location << "\n";
-    out << "    const " << (isFloat ? "float " : "i64 ") << value(n) << " = "
-        << expression << ";\n";
+    // A value proven within 32 bits is held as an int (its expression
+    // computed as before, then narrowed exactly): the GPU then computes it,
+    // and what is computed from it, in 32-bit instructions.
+    out << "    const " << typeOf(n) << " " << value(n) << " = "
+        << (narrow[n] ? "(int)(" + expression + ")" : expression) << ";\n";
   }
 
   std::ostringstream &out;
@@ -652,6 +664,8 @@ private:
   /// The divisions by a launch-invariant divisor: their divisor's member,
   /// and whether it is a wide one.
   std::map<int32_t, std::pair<std::string, bool>> divisorField;
+  /// The integer values integerRanges proves within 32 bits.
+  std::vector<bool> narrow;
 };
 
 } // namespace

@@ -3,6 +3,7 @@
 #include "AttentionInternal.h"
 
 #include "dflex/Analysis/IntervalEvaluator.h"
+#include "dflex/Bundle/Specs.h"
 #include "dflex/Codegen/AttentionModule.h"
 #include "dflex/Expr/Semantics.h"
 #include "dflex/Support/Error.h"
@@ -120,10 +121,11 @@ AttentionProblem checkInputs(const AttentionKernelSpec &spec, const torch::Tenso
     if (q.scalar_type() != element)
       fail("the kernels take " + spec.elementType + " tensors, got " +
            std::string(c10::toString(q.scalar_type())));
-    const int64_t kIntMax = std::numeric_limits<int32_t>::max();
-    if (p.batch > 65535 || p.qHeads > 65535 || p.queryLength > kIntMax ||
-        p.keyLength > kIntMax)
-      fail("sizes beyond the kernels' limits (batch and heads <= 65535, lengths < 2^31)");
+    if (p.batch > bundle::kMaxAttentionBatchOrHeads || p.qHeads > bundle::kMaxAttentionBatchOrHeads ||
+        p.queryLength > bundle::kMaxAttentionLength || p.keyLength > bundle::kMaxAttentionLength)
+      fail("sizes beyond the kernels' limits (batch and heads <= " +
+           std::to_string(bundle::kMaxAttentionBatchOrHeads) + ", lengths <= " +
+           std::to_string(bundle::kMaxAttentionLength) + ")");
   } else if (!q.is_cpu()) {
     fail("tensors must be on the CPU or a CUDA device, got " + q.device().str());
   }

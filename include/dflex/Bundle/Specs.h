@@ -19,12 +19,20 @@ namespace dflex::bundle {
 
 /// Template version folded into every cache key: bump when the code
 /// generator changes what it emits for the same input.
-inline constexpr const char *kTemplateVersion = "dflex-templates-4";
+inline constexpr const char *kTemplateVersion = "dflex-templates-5";
 
 /// The layout of a bundle's manifest.json (docs/bundle.md), which
 /// dflex-compile writes and the runtime reads: bump when it changes.
 /// Version 2: each binary carries its own launch constants.
 inline constexpr int kBundleFormatVersion = 2;
+
+/// The largest batch and query-head count, and the longest query or key
+/// sequence, an attention call takes. Generated mask and score_mod code
+/// relies on them: b and h fit 16 bits, and q_idx and kv_idx fit 31 bits
+/// (a kernel evaluates a score_mod up to a tile, under 2^16 rows, past a
+/// sequence's end), so values bounded by them compute in 32-bit integers.
+inline constexpr int64_t kMaxAttentionBatchOrHeads = 65535;
+inline constexpr int64_t kMaxAttentionLength = (int64_t(1) << 31) - (int64_t(1) << 16);
 
 /// What a dflex.attention op fixes at compile time.
 struct AttentionSpec {

@@ -31,17 +31,17 @@ dflex.attention @layer mask @dilated heads(8, 2) head_dim(64, 64) : bf16
 // Each division sits in the part of the mask its numerator belongs to: q's
 // in the row part, kv's in the column part, (q - kv)'s in the pair part.
 // CHECK-LABEL: MaskRow mask_row(
-// CHECK:         = divuiBy(v{{[0-9]+}}, [[CHUNK]], 64);
-// CHECK:         = remui(v{{[0-9]+}}, v{{[0-9]+}}, 64);
+// CHECK:         = (int)(divuiBy(v{{[0-9]+}}, [[CHUNK]], 64));
+// CHECK:         = (int)(remui(v{{[0-9]+}}, v{{[0-9]+}}, 64));
 // CHECK-LABEL: MaskColumn mask_column(
-// CHECK:         = divuiBy(v{{[0-9]+}}, [[CHUNK]], 64);
+// CHECK:         = (int)(divuiBy(v{{[0-9]+}}, [[CHUNK]], 64));
 // CHECK-LABEL: bool mask_pair(
 // CHECK-NOT:     divuiBy
 // CHECK:         = remuiWideBy(v{{[0-9]+}}, [[DILATION]], 64);
 // CHECK:         return
 
 // Where the mask also requires q >= kv (an andi with it), q - kv lies in
-// [0, 2^31 + 2^16) wherever its remainder decides the mask: a 32-bit magic
+// [0, 2^31) wherever its remainder decides the mask: a 32-bit magic
 // divides it (elsewhere it may wrap, and the mask is false whatever the
 // remainder). Joined by an ori the order does not hold where the remainder
 // counts, so the division stays 64-bit.

@@ -35,24 +35,28 @@ dflex.attention @layer mask @window score_mod @softcap heads(8, 2) head_dim(64, 
 // test are the row's (once per query row), the distance q - kv the pair's.
 // The read has a bounds check and the padding value (the load itself
 // unconditional, so that calls reading the same element can share it).
+// Values proven within 32 bits (positions, their difference, the i32 read,
+// the comparisons) are ints; the captured window, unbounded, stays 64-bit.
 // CHECK:       struct MaskRow {
-// CHECK-SAME:    ::dflex::sem::i64 [[Q:v[0-9]+]];
+// CHECK-SAME:    int [[Q:v[0-9]+]];
+// CHECK-SAME:    ::dflex::sem::i64 [[WINDOW:v[0-9]+]];
 // CHECK-LABEL: MaskRow mask_row(long long b, long long h, long long q_idx) const {
-// CHECK:         const i64 [[Q]] = q_idx;
-// CHECK:         = readOr(cap1_ids.data, inRange([[Q]], cap1_ids.sizes[0]), [[Q]] * cap1_ids.strides[0], (i64)-1LL);
-// CHECK:         const i64 [[VALID:v[0-9]+]] = fromBool(cmpi(5,
+// CHECK:         const int [[Q]] = (int)(q_idx);
+// CHECK:         = (int)(readOr(cap1_ids.data, inRange([[Q]], cap1_ids.sizes[0]), [[Q]] * cap1_ids.strides[0], (i64)-1LL));
+// CHECK:         const int [[VALID:v[0-9]+]] = (int)(fromBool(cmpi(5,
 // CHECK:         return MaskRow{[[Q]], {{.*}}[[VALID]]};
-// CHECK:       struct MaskColumn { ::dflex::sem::i64 [[KV:v[0-9]+]]; };
+// CHECK:       struct MaskColumn { int [[KV:v[0-9]+]]; };
 // CHECK-LABEL: MaskColumn mask_column(long long b, long long h, long long kv_idx) const {
 // CHECK-NEXT:    using namespace ::dflex::sem;
-// CHECK-NEXT:    const i64 [[KV]] = kv_idx;
+// CHECK-NEXT:    const int [[KV]] = (int)(kv_idx);
 // CHECK-NEXT:    return MaskColumn{[[KV]]};
 // CHECK-LABEL: bool mask_pair(const MaskRow &row, const MaskColumn &column) const {
 // CHECK:         = row.[[Q]];
 // CHECK:         = column.[[KV]];
 // CHECK-NOT:     readOr
-// CHECK:         = subi([[Q]], [[KV]], 64);
-// CHECK:         = andi(v{{[0-9]+}}, [[VALID]], 1);
+// CHECK:         const int [[D:v[0-9]+]] = (int)(subi([[Q]], [[KV]], 64));
+// CHECK:         = (int)(fromBool(cmpi(6, [[D]], [[WINDOW]], 64)));
+// CHECK:         = (int)(andi(v{{[0-9]+}}, [[VALID]], 1));
 // CHECK:         return v{{[0-9]+}} != 0;
 // CHECK-LABEL: bool mask(long long b, long long h, long long q_idx, long long kv_idx) const {
 // CHECK-NEXT:    return mask_pair(mask_row(b, h, q_idx), mask_column(b, h, kv_idx));
