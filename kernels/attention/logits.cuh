@@ -5,10 +5,33 @@
 #pragma once
 
 #include "../common/device.cuh"
+#include "config.cuh"
 #include "variant.cuh"
 
 namespace dflex {
 namespace kernels {
+
+// The two sides of LogitMap::visibility's pairs as mask parts: the fixed
+// side's two indices are queries (rows) and the varying side's keys
+// (columns), or, with kKeysFixed, the other way round.
+template <class Variant, bool kKeysFixed>
+struct VisibilitySides {
+  using Parts = MaskParts<Variant>;
+  using Fixed = typename Select<kKeysFixed, typename Parts::Column, typename Parts::Row>::Type;
+  using Varying = typename Select<kKeysFixed, typename Parts::Row, typename Parts::Column>::Type;
+  __device__ __forceinline__ static Fixed fixed(const Parts& parts, int index) {
+    if constexpr (kKeysFixed) return parts.column(index);
+    else return parts.row(index);
+  }
+  __device__ __forceinline__ static Varying varying(const Parts& parts, int index) {
+    if constexpr (kKeysFixed) return parts.row(index);
+    else return parts.column(index);
+  }
+  __device__ __forceinline__ static bool pair(const Parts& parts, const Fixed& fixed, const Varying& varying) {
+    if constexpr (kKeysFixed) return parts.pair(varying, fixed);
+    else return parts.pair(fixed, varying);
+  }
+};
 
 template <class Variant>
 struct LogitMap {
@@ -39,41 +62,40 @@ struct LogitMap {
     }
   }
 
-  // Whether the pair takes part: in range, and (in a partial tile) unmasked.
-  // Branch-free: the mask always runs, on the pair clamped into range (the
-  // variant is never called with an out-of-range index), and its answer
-  // counts only for in-range pairs of partial tiles.
-  __device__ __forceinline__ bool visible(bool partial, int q, int kv, int q_len, int kv_len) const {
-    const bool in_range = (q < q_len) & (kv < kv_len);
-    return in_range & (!partial | variant.mask(batch, head, min(q, q_len - 1), min(kv, kv_len - 1)));
-  }
-
   // The visibility of a thread's score elements as bits, bit 4 * j + i for
-  // element (j, i) (the pairs of apply below). It depends on positions only,
-  // so a kernel can work it out before the scores exist, while fewer
-  // registers are live. The mask's row parts (the thread's two rows) are
-  // worked out once, its column parts once per key column, and only its pair
-  // part per element (the contract in variant.cuh). The loop over key blocks
-  // stays rolled: the mask's body then appears once per row pair instead of
-  // once per element, which keeps NVRTC's time on the kernels down.
-  template <int kBlocks>
-  __device__ __forceinline__ unsigned long long visibility(bool partial, int q0, int kv0, int q_len,
+  // element (j, i): the pair of fixed index fixed0 + 8 * (i / 2) and varying
+  // index varying0 + 8 * j + i % 2, where the fixed indices are queries (a
+  // score tile's rows: the pairs of apply below) or, with kKeysFixed, keys
+  // (the Hopper backward's S^T, rows = keys). In range and, in a partial
+  // tile, unmasked; the mask runs on pairs clamped into range (the variant
+  // is never called with an out-of-range index). It depends on positions
+  // only, so a kernel can work it out before the scores exist, while fewer
+  // registers are live. The mask's parts of the thread's two fixed indices
+  // are worked out once, those of each varying index once, and only its
+  // pair part per element (the contract in variant.cuh). The loop over
+  // blocks stays rolled: the mask's body then appears once per call instead
+  // of once per element, which keeps NVRTC's time on the kernels down.
+  template <int kBlocks, bool kKeysFixed = false>
+  __device__ __forceinline__ unsigned long long visibility(bool partial, int fixed0, int varying0, int q_len,
                                                            int kv_len) const {
     static_assert(4 * kBlocks <= 64, "one bit per element of a 64-bit word");
+    using Sides = VisibilitySides<Variant, kKeysFixed>;
+    const int fixed_len = kKeysFixed ? kv_len : q_len;
+    const int varying_len = kKeysFixed ? q_len : kv_len;
     const MaskParts<Variant> parts{variant, batch, head};
-    const typename MaskParts<Variant>::Row rows[2] = {parts.row(min(q0, q_len - 1)),
-                                                      parts.row(min(q0 + 8, q_len - 1))};
+    const typename Sides::Fixed fixed[2] = {Sides::fixed(parts, min(fixed0, fixed_len - 1)),
+                                            Sides::fixed(parts, min(fixed0 + 8, fixed_len - 1))};
     unsigned long long bits = 0;
 #pragma unroll 1
     for (int j = 0; j < kBlocks; ++j) {
-      const int kv = kv0 + 8 * j;
-      const typename MaskParts<Variant>::Column columns[2] = {parts.column(min(kv, kv_len - 1)),
-                                                              parts.column(min(kv + 1, kv_len - 1))};
-      unsigned block_bits = 0;  // one 64-bit shift per key block, not per element
+      const int varying = varying0 + 8 * j;
+      const typename Sides::Varying varied[2] = {Sides::varying(parts, min(varying, varying_len - 1)),
+                                                 Sides::varying(parts, min(varying + 1, varying_len - 1))};
+      unsigned block_bits = 0;  // one 64-bit shift per block, not per element
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const bool in_range = (q0 + 8 * (i >> 1) < q_len) & (kv + (i & 1) < kv_len);
-        const bool shown = in_range & (!partial | parts.pair(rows[i >> 1], columns[i & 1]));
+        const bool in_range = (fixed0 + 8 * (i >> 1) < fixed_len) & (varying + (i & 1) < varying_len);
+        const bool shown = in_range & (!partial | Sides::pair(parts, fixed[i >> 1], varied[i & 1]));
         block_bits |= static_cast<unsigned>(shown) << i;
       }
       bits |= static_cast<unsigned long long>(block_bits) << (4 * j);

@@ -91,24 +91,25 @@ struct BackwardTileCursor {
 
 // Where a consumer thread's accumulator elements of one (key tile, query
 // tile) pair sit: element (b, e) of S^T is query q_start + 8 * b + col_pair +
-// e % 2 and key key0 + 8 * (e / 2).
+// e % 2 and key key0 + 8 * (e / 2), bit 4 * b + e of the tile's
+// LogitMap::visibility<kBlocks, true>(partial, key0, q_start + col_pair, ...).
 struct BackwardTileCoordinates {
   int q_start;
   int key0;
   int col_pair;
-  bool partial;
 };
 
 // P^T into p_frag (packed: the A operand of dV += P^T dO, k = queries,
 // blocks 2s and 2s + 1 forming k-step s) and, in place of S^T,
-// P * d logit / d(q.k). kChecked tests every pair's visibility (partial tiles
-// and tiles crossing a sequence end); the caller picks the instantiation once
-// per tile, not per element. Selects, not branches, inside: dP^T is in flight.
+// P * d logit / d(q.k). kChecked hides the pairs whose bit in `shown` is
+// clear (partial tiles and tiles crossing a sequence end); the caller picks
+// the instantiation once per tile, not per element. Selects, not branches,
+// inside: dP^T is in flight.
 template <bool kChecked, class Element, class Variant, int kBlocks, int kSteps>
 __device__ __forceinline__ void backward_probabilities(const LogitMap<Variant>& logits,
-                                                       const BackwardTileCoordinates& tile,
-                                                       const AttentionShape& shape, unsigned lse_row,
-                                                       float (&scores)[kBlocks][4], unsigned (&p_frag)[kSteps][4]) {
+                                                       const BackwardTileCoordinates& tile, unsigned long long shown,
+                                                       unsigned lse_row, float (&scores)[kBlocks][4],
+                                                       unsigned (&p_frag)[kSteps][4]) {
   static_assert(kBlocks == 2 * kSteps, "two 8-query blocks per k-step");
 #pragma unroll
   for (int b = 0; b < kBlocks; ++b) {
@@ -125,7 +126,7 @@ __device__ __forceinline__ void backward_probabilities(const LogitMap<Variant>& 
       const float exponentiated = fast_exp2(logits.logit(scores[b][e], q, kv) - lse_log2[e & 1]);
       const float factor = exponentiated * logits.logit_grad(scores[b][e], q, kv);
       if constexpr (kChecked) {
-        const bool visible = logits.visible(tile.partial, q, kv, shape.q_len, shape.kv_len);
+        const bool visible = (shown >> (4 * b + e)) & 1;
         p[e] = visible ? exponentiated : 0.f;
         scores[b][e] = visible ? factor : 0.f;
       } else {
@@ -286,6 +287,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       const int q_start = tile_entry_index(entry) * kBlockM;
       const bool partial = tile_entry_partial(entry);
       const bool checked = partial || q_start + kBlockM > shape.q_len || kv_rows < kBlockN;
+      const LogitMap<Variant> logits(variant, batch, head, shape.scale);
+      // Positions only: worked out before the products, while fewer registers are live.
+      const unsigned long long shown =
+          checked ? logits.template visibility<kQueryBlocks, true>(partial, kv_start + key_row, q_start + col_pair,
+                                                                   shape.q_len, shape.kv_len)
+                  : ~0ull;
 
       // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys, issued
       // together: dP^T runs on the tensor cores while P^T is computed. Element
@@ -303,13 +310,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
       // P^T (packed: the A operand of dV += P^T dO) and, in place of S^T,
       // P * d logit / d(q.k); the visibility test only where the tile needs it.
-      const LogitMap<Variant> logits(variant, batch, head, shape.scale);
-      const BackwardTileCoordinates tile{q_start, kv_start + key_row, col_pair, partial};
+      const BackwardTileCoordinates tile{q_start, kv_start + key_row, col_pair};
       unsigned p_frag[kQuerySteps][4];
       if (checked) {
-        backward_probabilities<true, Element>(logits, tile, shape, smem.lse(stage), scores, p_frag);
+        backward_probabilities<true, Element>(logits, tile, shown, smem.lse(stage), scores, p_frag);
       } else {
-        backward_probabilities<false, Element>(logits, tile, shape, smem.lse(stage), scores, p_frag);
+        backward_probabilities<false, Element>(logits, tile, shown, smem.lse(stage), scores, p_frag);
       }
 
       // dS^T = P * (dP - delta) * d logit / d(q.k).

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <tuple>
@@ -91,15 +92,29 @@ TEST(ExampleBundles, HopperKernelsAndTheirTilesPerHeadDim) {
     }
   }
   {
-    SCOPED_TRACE("head_dim 64: a Hopper forward, the portable backward");
+    SCOPED_TRACE("head_dim 64: both Hopper passes, 64 x 128 backward tiles");
     auto bundle = KernelBundle::open((bundles() / "prefix_lm").string());
-    const AttentionKernelSpec &spec = bundle->attentionSpecs().front();
-    EXPECT_TRUE(spec.launches.at("sm_90a").forwardSm90.has_value());
-    EXPECT_FALSE(spec.launches.at("sm_90a").backwardSm90.has_value());
-    const AttentionKernelPlan plan = planAttentionKernels(*bundle, spec, 90, Choice::Sm90);
-    EXPECT_TRUE(plan.forward.sm90);
-    EXPECT_FALSE(plan.backward.sm90);
-    EXPECT_EQ(plan.backward.launch, spec.launches.at("sm_90a").backward);
+    AttentionKernelSpec spec = bundle->attentionSpecs().front();
+    ASSERT_TRUE(spec.launches.at("sm_90a").forwardSm90 && spec.launches.at("sm_90a").backwardSm90);
+    const AttentionKernelPlan plan = planAttentionKernels(*bundle, spec, 90, Choice::Auto);
+    EXPECT_TRUE(plan.forward.sm90 && plan.backward.sm90);
+    EXPECT_EQ(plan.backward.launch, *spec.launches.at("sm_90a").backwardSm90);
+    EXPECT_EQ(plan.backward.launch.blockM, 64);
+    EXPECT_EQ(plan.backward.launch.blockN, 128);
+
+    SCOPED_TRACE("a bundle with a Hopper forward only (compiled before the head_dim 64 backward)");
+    spec.kernels.erase(std::remove_if(spec.kernels.begin(), spec.kernels.end(),
+                                      [](const BundleKernel &kernel) {
+                                        return kernel.role == bundle::KernelRole::AttentionBackwardPreprocessSm90 ||
+                                               kernel.role == bundle::KernelRole::AttentionBackwardSm90 ||
+                                               kernel.role == bundle::KernelRole::AttentionBackwardGradQSm90;
+                                      }),
+                       spec.kernels.end());
+    spec.launches.at("sm_90a").backwardSm90.reset();
+    const AttentionKernelPlan older = planAttentionKernels(*bundle, spec, 90, Choice::Sm90);
+    EXPECT_TRUE(older.forward.sm90);
+    EXPECT_FALSE(older.backward.sm90);
+    EXPECT_EQ(older.backward.launch, spec.launches.at("sm_90a").backward);
   }
   {
     SCOPED_TRACE("head_dim 256: portable only");

@@ -147,7 +147,7 @@ def check_kernel_choice(bundles):
             bundle = str(bundles / case.name)
             head_dim = spec_attributes(bundles / case.name, case.spec)["qk_head_dim"]
             forward = "sm90" if head_dim in (64, 128) else "portable"
-            backward = "sm90" if head_dim == 128 else "portable"
+            backward = forward
             plans = {}
             for choice in ("auto", "portable", "sm90"):
                 os.environ["DFLEX_ATTENTION_KERNELS"] = choice
