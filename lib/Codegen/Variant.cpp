@@ -6,12 +6,12 @@
 
 #include "dflex/Expr/Semantics.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -184,15 +184,19 @@ std::vector<std::vector<int32_t>> guardsOf(const Program &program) {
   auto isConjunction = [&](const Instruction &inst) {
     return inst.op == Opcode::AndI && inst.type == ScalarType::I1;
   };
+  // Adds `more` to the sorted set `set`.
+  auto addAll = [](std::vector<int32_t> &set, const std::vector<int32_t> &more) {
+    set.insert(set.end(), more.begin(), more.end());
+    std::sort(set.begin(), set.end());
+    set.erase(std::unique(set.begin(), set.end()), set.end());
+  };
   std::vector<std::vector<int32_t>> conjuncts(count);
   for (size_t n = 0; n < count; ++n) {
     const Instruction &inst = program.instructions[n];
     conjuncts[n] = {int32_t(n)};
     if (isConjunction(inst))
       for (int32_t operand : inst.operands)
-        conjuncts[n].insert(conjuncts[n].end(), conjuncts[operand].begin(), conjuncts[operand].end());
-    std::sort(conjuncts[n].begin(), conjuncts[n].end());
-    conjuncts[n].erase(std::unique(conjuncts[n].begin(), conjuncts[n].end()), conjuncts[n].end());
+        addAll(conjuncts[n], conjuncts[operand]);
   }
   std::vector<std::optional<std::vector<int32_t>>> guards(count); // unset: no use reaches a result
   for (int32_t root : {program.result, program.scoreDerivative})
@@ -210,11 +214,8 @@ std::vector<std::vector<int32_t>> guardsOf(const Program &program) {
         condition = inst.operands[1 - k];
       if (inst.op == Opcode::Select && k == 1 && inst.operands[0] != operand)
         condition = inst.operands[0];
-      if (condition >= 0) {
-        guard.insert(guard.end(), conjuncts[condition].begin(), conjuncts[condition].end());
-        std::sort(guard.begin(), guard.end());
-        guard.erase(std::unique(guard.begin(), guard.end()), guard.end());
-      }
+      if (condition >= 0)
+        addAll(guard, conjuncts[condition]);
       if (!guards[operand]) {
         guards[operand] = std::move(guard);
         continue;

@@ -173,16 +173,18 @@ DFLEX_SEM_FN u32 magicQuotient(u64 n, UDivisor d) {
 }
 /// n - (n / d) * d under the same condition: n for a large or a zero divisor.
 DFLEX_SEM_FN u32 magicRemainder(u64 n, UDivisor d) { return (u32)n - magicQuotient(n, d) * (u32)d.divisor; }
+/// The same, 0 for a zero divisor (x % 0 == 0).
+DFLEX_SEM_FN u32 remainderBy(u64 n, UDivisor d) { return magicRemainder(n, d) & nonZeroMask(d); }
 /// divui(a, d.divisor, w) when asUnsigned(a, w) < 2^32 (which codegen proves).
 DFLEX_SEM_FN i64 divuiBy(i64 a, UDivisor d, int w) { return wrap(magicQuotient(asUnsigned(a, w), d), w); }
 /// remui(a, d.divisor, w) under the same condition (x % 0 == 0).
 DFLEX_SEM_FN i64 remuiBy(i64 a, UDivisor d, int w) {
-  return wrap(magicRemainder(asUnsigned(a, w), d) & nonZeroMask(d), w);
+  return wrap(remainderBy(asUnsigned(a, w), d), w);
 }
 /// ceildivui(a, d.divisor, w) under the same condition.
 DFLEX_SEM_FN i64 ceildivuiBy(i64 a, UDivisor d, int w) {
   const u64 n = asUnsigned(a, w);
-  const u32 remainder = magicRemainder(n, d) & nonZeroMask(d);
+  const u32 remainder = remainderBy(n, d);
   return wrap((u64)magicQuotient(n, d) + (remainder != 0 ? 1 : 0), w);
 }
 DFLEX_SEM_FN bool negativeDivisor(UDivisor d) { return (d.packed >> 56) & 1; }
@@ -194,7 +196,7 @@ DFLEX_SEM_FN i64 divsiBy(i64 a, UDivisor d, int w) {
   return wrap(negativeDivisor(d) ? 0ull - q : q, w);
 }
 DFLEX_SEM_FN i64 remsiBy(i64 a, UDivisor d, int w) {
-  return wrap(magicRemainder((u64)a, d) & nonZeroMask(d), w);
+  return wrap(remainderBy((u64)a, d), w);
 }
 DFLEX_SEM_FN i64 floordivsiBy(i64 a, UDivisor d, int w) {
   const u64 q = magicQuotient((u64)a, d);
@@ -205,7 +207,7 @@ DFLEX_SEM_FN i64 floordivsiBy(i64 a, UDivisor d, int w) {
 }
 DFLEX_SEM_FN i64 ceildivsiBy(i64 a, UDivisor d, int w) {
   const u64 q = magicQuotient((u64)a, d);
-  const u32 remainder = magicRemainder((u64)a, d) & nonZeroMask(d);
+  const u32 remainder = remainderBy((u64)a, d);
   return wrap(negativeDivisor(d) ? 0ull - q : q + (remainder != 0 ? 1 : 0), w);
 }
 
