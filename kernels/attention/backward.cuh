@@ -230,6 +230,13 @@ __global__ void __launch_bounds__(Config::kThreads)
 
   float grad_kv[kKeyMAtoms][kKeyBlocks][4];  // this warp's part of dV or dK
   zero(grad_kv);
+  // The mask's parts of this warp's score columns (LogitMap::stage_varying):
+  // the block's keys are fixed, so they change only with the query head.
+  using ColumnStage = VaryingPartsStage<Variant, false, Config::kScoreCols, Config::kWarps,
+                                        kMaxSharedMemoryPerBlock - Config::kSharedBytes>;
+  __shared__ ColumnStage column_stage;
+  typename ColumnStage::Part* const warp_columns = column_stage.of_warp(warp);
+  int staged_head = -1;  // the query head whose column parts warp_columns holds
 
   while (index < last) {
     const int head = first_head + head_offset;
@@ -245,8 +252,14 @@ __global__ void __launch_bounds__(Config::kThreads)
     const int thread_q = q_start + score_row0 + (lane >> 2);
     const int thread_kv = kv_start + score_col0 + 2 * (lane & 3);
     // Positions only: worked out before the products, while fewer registers are live.
+    if (checked && head != staged_head) {
+      logits.template stage_varying<Config::kScoreCols, false, ColumnStage::kUsed>(
+          warp_columns, kv_start + score_col0, shape.q_len, shape.kv_len, lane);
+      staged_head = head;
+    }
     const unsigned long long shown =
-        checked ? logits.template visibility<kScoreBlocks>(partial, thread_q, thread_kv, shape.q_len, shape.kv_len)
+        checked ? logits.template visibility<kScoreBlocks, false, ColumnStage::kUsed>(
+                      partial, thread_q, thread_kv, shape.q_len, shape.kv_len, warp_columns + 2 * (lane & 3))
                 : ~0ull;
 
     cp_async_wait<0>();  // Q, dO, LSE, delta (and on the first pass K, V) have landed

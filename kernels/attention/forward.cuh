@@ -81,6 +81,11 @@ __global__ void __launch_bounds__(Config::kThreads)
   }
   const LogitMap<Variant> logits(variant, batch, head, shape.scale);
   const int thread_q = q_start + warp_row0 + (lane >> 2);
+  // The mask's column parts of a checked key tile, per warp (LogitMap::stage_varying).
+  using ColumnStage =
+      VaryingPartsStage<Variant, false, kBlockN, Config::kWarps, kMaxSharedMemoryPerBlock - Config::kSharedBytes>;
+  __shared__ ColumnStage column_stage;
+  typename VisibilitySides<Variant, false>::Varying* warp_columns = column_stage.of_warp(thread >> 5);
 
   for (int index = first; index < last; ++index) {
     const int entry = params.tiles.entries[index];
@@ -93,17 +98,18 @@ __global__ void __launch_bounds__(Config::kThreads)
                                       thread);
     cp_async_commit();
 
+    const bool checked = tile_entry_partial(entry) || query_edge || kv_rows < kBlockN;
+    if (checked) logits.template stage_varying<kBlockN, false, ColumnStage::kUsed>(warp_columns, kv_start, shape.q_len, shape.kv_len, lane);
     float scores[kMAtoms][kScoreBlocks][4];
 #pragma unroll
     for (int m = 0; m < kMAtoms; ++m) zero(scores[m]);
     warp_mma_rows<Element, kMAtoms, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(
         scores, q_tile, warp_row0, 0, k_tile, 0, 0, lane);
-    const bool checked = tile_entry_partial(entry) || query_edge || kv_rows < kBlockN;
 
 #pragma unroll
     for (int m = 0; m < kMAtoms; ++m) {
-      logits.apply(scores[m], checked, tile_entry_partial(entry), thread_q + 16 * m, kv_start + 2 * (lane & 3),
-                   shape.q_len, shape.kv_len);
+      logits.template apply<ColumnStage::kUsed>(scores[m], checked, tile_entry_partial(entry), thread_q + 16 * m, kv_start + 2 * (lane & 3),
+                   shape.q_len, shape.kv_len, warp_columns + 2 * (lane & 3));
       // Online softmax: rescale what was accumulated to the new row maximum.
 #pragma unroll
       for (int half = 0; half < 2; ++half) {

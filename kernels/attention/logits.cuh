@@ -19,6 +19,7 @@ struct VisibilitySides {
   using Parts = MaskParts<Variant>;
   using Fixed = typename Select<kKeysFixed, typename Parts::Column, typename Parts::Row>::Type;
   using Varying = typename Select<kKeysFixed, typename Parts::Row, typename Parts::Column>::Type;
+  static constexpr bool kStaged = kKeysFixed ? Parts::kStageRows : Parts::kStageColumns;  // worth staging
   __device__ __forceinline__ static Fixed fixed(const Parts& parts, int index) {
     if constexpr (kKeysFixed) return parts.column(index);
     else return parts.row(index);
@@ -31,6 +32,19 @@ struct VisibilitySides {
     if constexpr (kKeysFixed) return parts.pair(varying, fixed);
     else return parts.pair(fixed, varying);
   }
+};
+
+// Static shared memory for the varying side's parts of kCount consecutive
+// indices, one array per warp of kWarps (LogitMap::stage_varying), used
+// (kUsed) where the variant's parts are staged and the arrays fit in the
+// kBytesFree bytes the kernel's block has left; else a single unused element.
+template <class Variant, bool kKeysFixed, int kCount, int kWarps, int kBytesFree>
+struct VaryingPartsStage {
+  using Part = typename VisibilitySides<Variant, kKeysFixed>::Varying;
+  static constexpr int kWantedBytes = int(sizeof(Part)) * kWarps * kCount;
+  static constexpr bool kUsed = VisibilitySides<Variant, kKeysFixed>::kStaged && kWantedBytes <= kBytesFree;
+  Part parts[kUsed ? kWarps : 1][kUsed ? kCount : 1];
+  __device__ __forceinline__ Part* of_warp(int warp) { return parts[kUsed ? warp : 0]; }
 };
 
 template <class Variant>
@@ -62,6 +76,26 @@ struct LogitMap {
     }
   }
 
+  // With kStaged (a VaryingPartsStage's kUsed): the varying side's parts of
+  // indices first .. first + kCount - 1, each clamped into range, into the
+  // warp's `staged` array, kCount / 32 per lane, so that a part read from
+  // memory is read once per warp and index instead of once per thread that
+  // needs it. Every lane of the warp calls it; without kStaged it does
+  // nothing. visibility<..., kStaged>() then takes the parts from `staged`.
+  template <int kCount, bool kKeysFixed, bool kStaged>
+  __device__ __forceinline__ void stage_varying(typename VisibilitySides<Variant, kKeysFixed>::Varying* staged,
+                                                int first, int q_len, int kv_len, int lane) const {
+    using Sides = VisibilitySides<Variant, kKeysFixed>;
+    if constexpr (kStaged) {
+      const int varying_len = kKeysFixed ? q_len : kv_len;
+      const MaskParts<Variant> parts{variant, batch, head};
+      __syncwarp();  // every lane is done with what the array held
+#pragma unroll
+      for (int i = lane; i < kCount; i += 32) staged[i] = Sides::varying(parts, min(first + i, varying_len - 1));
+      __syncwarp();
+    }
+  }
+
   // The visibility of a thread's score elements as bits, bit 4 * j + i for
   // element (j, i): the pair of fixed index fixed0 + 8 * (i / 2) and varying
   // index varying0 + 8 * j + i % 2, where the fixed indices are queries (a
@@ -75,9 +109,12 @@ struct LogitMap {
   // pair part per element (the contract in variant.cuh). The loop over
   // blocks stays rolled: the mask's body then appears once per call instead
   // of once per element, which keeps NVRTC's time on the kernels down.
-  template <int kBlocks, bool kKeysFixed = false>
-  __device__ __forceinline__ unsigned long long visibility(bool partial, int fixed0, int varying0, int q_len,
-                                                           int kv_len) const {
+  // With kStaged, `staged` points at the part of varying0 in the warp's
+  // array (stage_varying); without, it is not read.
+  template <int kBlocks, bool kKeysFixed, bool kStaged>
+  __device__ __forceinline__ unsigned long long visibility(
+      bool partial, int fixed0, int varying0, int q_len, int kv_len,
+      const typename VisibilitySides<Variant, kKeysFixed>::Varying* staged) const {
     static_assert(4 * kBlocks <= 64, "one bit per element of a 64-bit word");
     using Sides = VisibilitySides<Variant, kKeysFixed>;
     const int fixed_len = kKeysFixed ? kv_len : q_len;
@@ -89,8 +126,14 @@ struct LogitMap {
 #pragma unroll 1
     for (int j = 0; j < kBlocks; ++j) {
       const int varying = varying0 + 8 * j;
-      const typename Sides::Varying varied[2] = {Sides::varying(parts, min(varying, varying_len - 1)),
-                                                 Sides::varying(parts, min(varying + 1, varying_len - 1))};
+      typename Sides::Varying varied[2];
+      if constexpr (kStaged) {
+        varied[0] = staged[8 * j];
+        varied[1] = staged[8 * j + 1];
+      } else {
+        varied[0] = Sides::varying(parts, min(varying, varying_len - 1));
+        varied[1] = Sides::varying(parts, min(varying + 1, varying_len - 1));
+      }
       unsigned block_bits = 0;  // one 64-bit shift per block, not per element
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -119,10 +162,12 @@ struct LogitMap {
 
   // Maps a warp's score accumulators in place. Element (j, i) of the thread
   // is the pair (q0 + 8 * (i / 2), kv0 + 8 * j + i % 2). `checked` selects the
-  // per-pair visibility test (partial tiles and tiles crossing a sequence end).
-  template <int kBlocks>
+  // per-pair visibility test (partial tiles and tiles crossing a sequence end);
+  // kStaged and `staged` as for visibility().
+  template <bool kStaged, int kBlocks>
   __device__ __forceinline__ void apply(float (&scores)[kBlocks][4], bool checked, bool partial, int q0, int kv0,
-                                        int q_len, int kv_len) const {
+                                        int q_len, int kv_len,
+                                        const typename VisibilitySides<Variant, false>::Varying* staged) const {
     if (!checked) {
 #pragma unroll
       for (int j = 0; j < kBlocks; ++j) {
@@ -130,7 +175,7 @@ struct LogitMap {
         for (int i = 0; i < 4; ++i) scores[j][i] = logit(scores[j][i], q0 + 8 * (i >> 1), kv0 + 8 * j + (i & 1));
       }
     } else {
-      apply_visible(scores, visibility<kBlocks>(partial, q0, kv0, q_len, kv_len), q0, kv0);
+      apply_visible(scores, visibility<kBlocks, false, kStaged>(partial, q0, kv0, q_len, kv_len, staged), q0, kv0);
     }
   }
 };

@@ -24,7 +24,11 @@
 // the mask split by what its values change with (dflex-compile emits the
 // three), so a kernel works out a row's part once per row and a column's once
 // per column and only the rest per pair. A variant may leave the three out
-// (hand-written ones do): MaskParts then splits nothing.
+// (hand-written ones do): MaskParts then splits nothing. A part whose values
+// are read from captured memory says so with
+//   static constexpr bool kReadsMemory = true;
+// in its struct: the kernels then work it out once per index for a whole
+// warp and share it through shared memory (LogitMap::stage_varying).
 //
 // The kernels call these functions only for in-range arguments:
 // 0 <= b < batch, 0 <= h < q_heads, 0 <= q < q_len, 0 <= kv < kv_len, so a
@@ -53,13 +57,32 @@ struct HasMaskParts<Variant, decltype(void(sizeof(typename Variant::MaskRow)))> 
   static constexpr bool value = true;
 };
 
+// Whether working out a mask part reads captured memory (Part::kReadsMemory).
+template <class Part, class = void>
+struct ReadsMemory {
+  static constexpr bool value = false;
+};
+template <class Part>
+struct ReadsMemory<Part, decltype(void(Part::kReadsMemory))> {
+  static constexpr bool value = Part::kReadsMemory;
+};
+
+// The largest mask part the kernels stage in shared memory (two 32-bit
+// values, say a position and the document id read for it): bigger ones would
+// cost more shared memory than the sm_120 blocks have to spare.
+constexpr int kMaxStagedPartBytes = 8;
+
 // The mask's parts for one batch and head, as the kernels call them: the
 // variant's own, or, for a variant written with mask() alone, the indices as
-// the row and the column.
+// the row and the column. kStageRows and kStageColumns: whether the kernels
+// share a row's or a column's part through shared memory instead of each
+// thread working out its own (parts that read memory, and are small).
 template <class Variant, bool kOwn = HasMaskParts<Variant>::value>
 struct MaskParts {
   using Row = typename Variant::MaskRow;
   using Column = typename Variant::MaskColumn;
+  static constexpr bool kStageRows = ReadsMemory<Row>::value && sizeof(Row) <= kMaxStagedPartBytes;
+  static constexpr bool kStageColumns = ReadsMemory<Column>::value && sizeof(Column) <= kMaxStagedPartBytes;
   const Variant& variant;
   long long b, h;
   __host__ __device__ Row row(long long q) const { return variant.mask_row(b, h, q); }
@@ -70,6 +93,8 @@ template <class Variant>
 struct MaskParts<Variant, false> {
   using Row = long long;
   using Column = long long;
+  static constexpr bool kStageRows = false;
+  static constexpr bool kStageColumns = false;
   const Variant& variant;
   long long b, h;
   __host__ __device__ Row row(long long q) const { return q; }

@@ -481,18 +481,25 @@ private:
 
   /// The statements of the `wanted` values and of what they are computed
   /// from, in program order.
-  void emitComputing(std::vector<bool> live) {
+  /// The instructions that computing the `live` values runs.
+  std::vector<bool> computing(std::vector<bool> live) const {
     for (size_t n = live.size(); n-- > 0;)
       if (live[n])
         for (int32_t operand : program.instructions[n].operands)
           live[operand] = true;
+    return live;
+  }
+
+  void emitComputing(const std::vector<bool> &values) {
+    const std::vector<bool> live = computing(values);
     for (size_t n = 0; n < live.size(); ++n)
       if (live[n])
         emitInstruction(static_cast<int32_t>(n));
   }
 
   /// A struct of the `outputs` values and the function `signature` that
-  /// computes them.
+  /// computes them; the struct says when computing them reads a capture
+  /// (kReadsMemory, which the kernels' staging reads: variant.cuh).
   void emitPart(const char *structName, const char *signature, const std::vector<bool> &outputs) {
     std::string members;
     out << "  struct " << structName << " {";
@@ -500,6 +507,12 @@ private:
       if (outputs[n]) {
         out << " " << typeOf(int32_t(n)) << " " << value(int32_t(n)) << ";";
         members += (members.empty() ? "" : ", ") + value(int32_t(n));
+      }
+    const std::vector<bool> live = computing(outputs);
+    for (size_t n = 0; n < live.size(); ++n)
+      if (live[n] && program.instructions[n].op == Opcode::Read) {
+        out << " static constexpr bool kReadsMemory = true;";
+        break;
       }
     out << " };\n  DFLEX_FUNCTOR " << structName << " " << signature << " const {\n"
         << "    using namespace ::dflex::sem;\n";

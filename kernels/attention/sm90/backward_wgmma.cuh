@@ -260,6 +260,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     const int warp_row = 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);  // and warp_row + 8
     const int key_row = 64 * consumer + warp_row;                        // row of K, V, dK, dV in the tile
     const int col_pair = 2 * (lane & 3);
+    // The mask's row parts of a checked query tile, per warp (LogitMap::stage_varying).
+    using RowStage = VaryingPartsStage<Variant, true, kBlockM, kConsumerThreads / 32,
+                                       kMaxSharedMemoryPerBlockSm90 - Config::kSharedBytes>;
+    __shared__ RowStage row_stage;
+    typename VisibilitySides<Variant, true>::Varying* const warp_rows =
+        row_stage.of_warp((threadIdx.x - kProducerThreads) >> 5);
 
     // product = (this warpgroup's 64 rows of key_tile) (query_tile)^T, K-major
     // operands both (K or V times Q or dO), issued and committed.
@@ -289,9 +295,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       const bool checked = partial || q_start + kBlockM > shape.q_len || kv_rows < kBlockN;
       const LogitMap<Variant> logits(variant, batch, head, shape.scale);
       // Positions only: worked out before the products, while fewer registers are live.
+      if (checked) logits.template stage_varying<kBlockM, true, RowStage::kUsed>(warp_rows, q_start, shape.q_len, shape.kv_len, lane);
       const unsigned long long shown =
-          checked ? logits.template visibility<kQueryBlocks, true>(partial, kv_start + key_row, q_start + col_pair,
-                                                                   shape.q_len, shape.kv_len)
+          checked ? logits.template visibility<kQueryBlocks, true, RowStage::kUsed>(partial, kv_start + key_row, q_start + col_pair,
+                                                                   shape.q_len, shape.kv_len, warp_rows + col_pair)
                   : ~0ull;
 
       // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys, issued

@@ -64,6 +64,10 @@ struct Sm90ForwardConsumer {
   int q_len;
   int kv_len;
   bool query_edge;  // the tile crosses q_len
+  // The consumer warps' column parts of a checked key tile (LogitMap::stage_varying).
+  using ColumnStage = VaryingPartsStage<Variant, false, kBlockN, kConsumerThreads / 32,
+                                        kMaxSharedMemoryPerBlockSm90 - Config::kSharedBytes>;
+  typename ColumnStage::Part* columns;  // this warp's
 
   float out[kOutBlocks][4];
   float row_max[2];  // log2 units, rows thread_q and thread_q + 8
@@ -115,8 +119,9 @@ struct Sm90ForwardConsumer {
   template <bool kChecked>
   __device__ __forceinline__ unsigned long long visibility(int j) const {
     if (!kChecked || !checked(j)) return ~0ull;
-    return logits.template visibility<kScoreBlocks>(tile_entry_partial(entries[j]), thread_q, first_key(j), q_len,
-                                                    kv_len);
+    logits.template stage_varying<kBlockN, false, ColumnStage::kUsed>(columns, tile_entry_index(entries[j]) * kBlockN, q_len, kv_len, lane);
+    return logits.template visibility<kScoreBlocks, false, ColumnStage::kUsed>(tile_entry_partial(entries[j]), thread_q, first_key(j), q_len,
+                                                    kv_len, columns + 2 * (lane & 3));
   }
 
   // Logits of S(j) (pairs not in `visible` hidden), new row maxima and sums;
@@ -127,7 +132,7 @@ struct Sm90ForwardConsumer {
     if constexpr (kChecked) {
       logits.apply_visible(scores, visible, thread_q, first_key(j));
     } else {
-      logits.apply(scores, false, false, thread_q, first_key(j), q_len, kv_len);
+      logits.template apply<false>(scores, false, false, thread_q, first_key(j), q_len, kv_len, columns);
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -338,6 +343,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   } else {
     // Consumers: warpgroup 1 owns query rows 0..63 of the tile, warpgroup 2 rows 64..127.
     setmaxnreg_increase<Config::kConsumerRegisters>();
+    __shared__ typename Sm90ForwardConsumer<Config, Variant>::ColumnStage column_stage;
     const int lane = threadIdx.x & 31;
     const int row0 = 64 * (warpgroup - 1);
     const int thread_row = row0 + 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);  // and thread_row + 8
@@ -350,7 +356,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                                                   lane,
                                                   shape.q_len,
                                                   shape.kv_len,
-                                                  q_rows < kBlockM};
+                                                  q_rows < kBlockM,
+                                                  column_stage.of_warp((threadIdx.x - kProducerThreads) >> 5)};
     // The first warpgroup takes the first turn.
     if (warpgroup == 2) named_barrier_arrive(Sm90ForwardConsumer<Config, Variant>::kTurnBarrier, 256);
     consumer.run(count);

@@ -607,6 +607,30 @@ Problem square_problem(int batch, int q_heads, int kv_heads, int q_len, int kv_l
   return Problem{batch, q_heads, kv_heads, q_len, kv_len, head_dim, 1.0 / std::sqrt(static_cast<double>(head_dim))};
 }
 
+// Documents of 20 to 150 tokens packed into `length`, two layouts per batch
+// (DocumentVariant), per-head tile lists.
+template <class Element, int kHeadDim, int kTarget = 90>
+void check_documents(const std::string& name, int batch, int q_heads, int kv_heads, int length,
+                     unsigned long long seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int> ids(static_cast<size_t>(batch) * 2 * length);
+  for (size_t row = 0; row < ids.size() / length; ++row) {
+    int doc = 0;
+    for (int t = 0; t < length; ++doc) {
+      const int end = std::min(length, t + 20 + static_cast<int>(rng() % 131));
+      for (; t < end; ++t) ids[row * length + t] = doc;
+    }
+  }
+  DeviceBuffer<int> device_ids(ids.size());
+  device_ids.upload(ids);
+  CaseSpec spec{name, square_problem(batch, q_heads, kv_heads, length, length, kHeadDim)};
+  spec.list_batches = batch;
+  spec.list_heads = q_heads;
+  spec.seed = seed;
+  check_case<Element, kHeadDim, kTarget>(spec, DocumentVariant{IdentityScore{}, ids.data(), length},
+                                         DocumentVariant{IdentityScore{}, device_ids.get(), length});
+}
+
 void run_checks() {
   std::printf("Correctness: error = max|x - ref| / max|ref| against a float64 CPU reference; pass <= %.0e.\n"
               "tiles = forward list full/partial; masked = rows that see no key; '!n' = n non-finite or\n"
@@ -680,6 +704,8 @@ void run_checks() {
     spec.seed = 13;
     check_case<__half, 256>(spec, CausalVariant{}, CausalVariant{});
   }
+  check_documents<__nv_bfloat16, 128>("documents staged gqa4", 2, 8, 2, 1000, 17);
+  check_documents<__nv_bfloat16, 64>("documents staged d64", 1, 4, 2, 777, 18);
   // The sm_120 default configs (their forwards differ), run here on this device.
   {
     CaseSpec spec{"sm120 cfg: causal odd", square_problem(1, 4, 2, 999, 999, 64)};
@@ -693,6 +719,7 @@ void run_checks() {
     spec.seed = 16;
     check_case<__nv_bfloat16, 256, 120>(spec, SoftcapCausalVariant{15.f}, SoftcapCausalVariant{15.f});
   }
+  check_documents<__nv_bfloat16, 128, 120>("sm120 cfg: documents staged", 1, 4, 2, 555, 19);
 }
 
 // ---------------------------------------------------------------------------

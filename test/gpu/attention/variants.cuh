@@ -62,6 +62,35 @@ struct HolesVariant : IdentityScore {
   __host__ __device__ bool mask(i64, i64, i64 q, i64 kv) const { return q % 7 != 3 && kv % 3 != 1; }
 };
 
+// Packed causal documents with the mask split into parts, as generated
+// variants have it (variant.cuh): the row and column parts read document ids
+// (kReadsMemory), so the kernels stage them in shared memory. Even and odd
+// query heads read different layouts, ids[(b * 2 + h % 2) * length + t]: the
+// tile lists are per head, and a GQA group's next head restages its parts.
+struct DocumentVariant : IdentityScore {
+  const int* ids;
+  int length;
+  struct MaskRow {
+    int q;
+    int doc;
+    static constexpr bool kReadsMemory = true;
+  };
+  struct MaskColumn {
+    int kv;
+    int doc;
+    static constexpr bool kReadsMemory = true;
+  };
+  __host__ __device__ int doc(i64 b, i64 h, i64 t) const { return ids[(b * 2 + h % 2) * length + t]; }
+  __host__ __device__ MaskRow mask_row(i64 b, i64 h, i64 q) const { return {int(q), doc(b, h, q)}; }
+  __host__ __device__ MaskColumn mask_column(i64 b, i64 h, i64 kv) const { return {int(kv), doc(b, h, kv)}; }
+  __host__ __device__ bool mask_pair(const MaskRow& row, const MaskColumn& column) const {
+    return row.doc == column.doc && column.kv <= row.q;
+  }
+  __host__ __device__ bool mask(i64 b, i64 h, i64 q, i64 kv) const {
+    return mask_pair(mask_row(b, h, q), mask_column(b, h, kv));
+  }
+};
+
 // Causal mask with tanh soft-capping of the scores.
 struct SoftcapCausalVariant {
   static constexpr bool kHasScoreMod = true;

@@ -37,9 +37,12 @@ dflex.attention @layer mask @window score_mod @softcap heads(8, 2) head_dim(64, 
 // unconditional, so that calls reading the same element can share it).
 // Values proven within 32 bits (positions, their difference, the i32 read,
 // the comparisons) are ints; the captured window, unbounded, stays 64-bit.
+// The row part reads memory and says so (the kernels then stage it in shared
+// memory); the column part, the key's index alone, does not.
 // CHECK:       struct MaskRow {
 // CHECK-SAME:    int [[Q:v[0-9]+]];
 // CHECK-SAME:    ::dflex::sem::i64 [[WINDOW:v[0-9]+]];
+// CHECK-SAME:    static constexpr bool kReadsMemory = true; };
 // CHECK-LABEL: MaskRow mask_row(long long b, long long h, long long q_idx) const {
 // CHECK:         const int [[Q]] = (int)(q_idx);
 // CHECK:         = (int)(readOr(cap1_ids.data, inRange([[Q]], cap1_ids.sizes[0]), [[Q]] * cap1_ids.strides[0], (i64)-1LL));
