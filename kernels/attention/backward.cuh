@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     const int thread_q = q_start + score_row0 + (lane >> 2);
     const int thread_kv = kv_start + score_col0 + 2 * (lane & 3);
     // Positions only: worked out before the products, while fewer registers are live.
-    if (checked && head != staged_head) {
+    if (partial && head != staged_head) {
       logits.template stage_varying<Config::kScoreCols, false, ColumnStage::kUsed>(
           warp_columns, kv_start + score_col0, shape.q_len, shape.kv_len, lane);
       staged_head = head;

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     cp_async_commit();
 
     const bool checked = tile_entry_partial(entry) || query_edge || kv_rows < kBlockN;
-    if (checked) logits.template stage_varying<kBlockN, false, ColumnStage::kUsed>(warp_columns, kv_start, shape.q_len, shape.kv_len, lane);
+    if (tile_entry_partial(entry)) logits.template stage_varying<kBlockN, false, ColumnStage::kUsed>(warp_columns, kv_start, shape.q_len, shape.kv_len, lane);
     float scores[kMAtoms][kScoreBlocks][4];
 #pragma unroll
     for (int m = 0; m < kMAtoms; ++m) zero(scores[m]);

@@ -122,28 +122,54 @@ struct LogitMap {
     const MaskParts<Variant> parts{variant, batch, head};
     const typename Sides::Fixed fixed[2] = {Sides::fixed(parts, min(fixed0, fixed_len - 1)),
                                             Sides::fixed(parts, min(fixed0 + 8, fixed_len - 1))};
-    unsigned long long bits = 0;
-#pragma unroll 1
-    for (int j = 0; j < kBlocks; ++j) {
-      const int varying = varying0 + 8 * j;
+    // The mask per element, in a partial tile only, as two 32-bit words
+    // (blocks 0-7 and 8-15); the sequence ends as whole words.
+    unsigned low = partial ? 0u : ~0u;
+    unsigned high = low;
+#pragma unroll 2
+    for (int j = 0; partial && j < kBlocks; ++j) {
       typename Sides::Varying varied[2];
       if constexpr (kStaged) {
         varied[0] = staged[8 * j];
         varied[1] = staged[8 * j + 1];
       } else {
+        const int varying = varying0 + 8 * j;
         varied[0] = Sides::varying(parts, min(varying, varying_len - 1));
         varied[1] = Sides::varying(parts, min(varying + 1, varying_len - 1));
       }
-      unsigned block_bits = 0;  // one 64-bit shift per block, not per element
+      unsigned block_bits = 0;  // one shift per block, not per element
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const bool in_range = (fixed0 + 8 * (i >> 1) < fixed_len) & (varying + (i & 1) < varying_len);
-        const bool shown = in_range & (!partial | Sides::pair(parts, fixed[i >> 1], varied[i & 1]));
-        block_bits |= static_cast<unsigned>(shown) << i;
+        block_bits |= static_cast<unsigned>(Sides::pair(parts, fixed[i >> 1], varied[i & 1])) << i;
       }
-      bits |= static_cast<unsigned long long>(block_bits) << (4 * j);
+      block_bits <<= 4 * (j & 7);
+      if (j < 8) {
+        low |= block_bits;
+      } else {
+        high |= block_bits;
+      }
     }
-    return bits;
+    return ((static_cast<unsigned long long>(high) << 32) | low) &
+           in_range_bits<kBlocks>(fixed_len - fixed0, varying_len - varying0);
+  }
+
+  // The elements of visibility()'s bit layout whose fixed index (fixed0 +
+  // 8 * (i / 2)) and varying index (varying0 + 8 * j + i % 2) are in range,
+  // given fixed_left = fixed_len - fixed0 and varying_left = varying_len -
+  // varying0: per 4-bit block j, bits 0 and 2 need 8 * j < varying_left,
+  // bits 1 and 3 8 * j + 1 < varying_left; bits 0 and 1 need fixed_left > 0,
+  // bits 2 and 3 fixed_left > 8.
+  template <int kBlocks>
+  __device__ __forceinline__ static unsigned long long in_range_bits(int fixed_left, int varying_left) {
+    auto first_blocks = [](int blocks) {  // the bits of blocks 0 .. blocks - 1
+      blocks = max(0, min(kBlocks, blocks));
+      return blocks >= 16 ? ~0ull : (1ull << (4 * blocks)) - 1;
+    };
+    const unsigned long long columns = (first_blocks((varying_left + 7) >> 3) & 0x5555555555555555ull) |
+                                       (first_blocks((varying_left + 6) >> 3) & 0xaaaaaaaaaaaaaaaaull);
+    const unsigned long long rows = (fixed_left > 0 ? 0x3333333333333333ull : 0ull) |
+                                    (fixed_left > 8 ? 0xccccccccccccccccull : 0ull);
+    return columns & rows;
   }
 
   // apply() with the visibility worked out beforehand.

@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       const bool checked = partial || q_start + kBlockM > shape.q_len || kv_rows < kBlockN;
       const LogitMap<Variant> logits(variant, batch, head, shape.scale);
       // Positions only: worked out before the products, while fewer registers are live.
-      if (checked) logits.template stage_varying<kBlockM, true, RowStage::kUsed>(warp_rows, q_start, shape.q_len, shape.kv_len, lane);
+      if (partial) logits.template stage_varying<kBlockM, true, RowStage::kUsed>(warp_rows, q_start, shape.q_len, shape.kv_len, lane);
       const unsigned long long shown =
           checked ? logits.template visibility<kQueryBlocks, true, RowStage::kUsed>(partial, kv_start + key_row, q_start + col_pair,
                                                                    shape.q_len, shape.kv_len, warp_rows + col_pair)

@@ -119,9 +119,13 @@ struct Sm90ForwardConsumer {
   template <bool kChecked>
   __device__ __forceinline__ unsigned long long visibility(int j) const {
     if (!kChecked || !checked(j)) return ~0ull;
-    logits.template stage_varying<kBlockN, false, ColumnStage::kUsed>(columns, tile_entry_index(entries[j]) * kBlockN, q_len, kv_len, lane);
-    return logits.template visibility<kScoreBlocks, false, ColumnStage::kUsed>(tile_entry_partial(entries[j]), thread_q, first_key(j), q_len,
-                                                    kv_len, columns + 2 * (lane & 3));
+    const int entry = entries[j];
+    if (tile_entry_partial(entry)) {
+      logits.template stage_varying<kBlockN, false, ColumnStage::kUsed>(columns, tile_entry_index(entry) * kBlockN,
+                                                                        q_len, kv_len, lane);
+    }
+    return logits.template visibility<kScoreBlocks, false, ColumnStage::kUsed>(
+        tile_entry_partial(entry), thread_q, first_key(j), q_len, kv_len, columns + 2 * (lane & 3));
   }
 
   // Logits of S(j) (pairs not in `visible` hidden), new row maxima and sums;
