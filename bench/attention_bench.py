@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """dflex attention against torch.compile'd flex_attention, in one process.
 
-usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--quick | --dflash-only | --masks[=T,...]]
-                          [--kernels LIST] [--flex-mma-sync] [--flex-autotune]
+usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR[,BUNDLES_DIR...]
+                          [--quick | --dflash-only | --masks[=T,...]]
+                          [--kernels LIST] [--kernel-times] [--flex-mma-sync] [--flex-autotune]
 
 BUNDLES_DIR holds one bundle per example (dflex-compile output). For each
 shape: forward and forward+backward time (CUDA events; calls back to back,
@@ -24,6 +25,13 @@ the comma-separated lengths given), each at its spec's heads and head dim.
 portable, sm90); dflex is measured once per value, against the same flex
 run (default: the environment's DFLEX_ATTENTION_KERNELS, else auto). Each
 row names the binary and kernels that ran.
+
+Several comma-separated bundle folders (the same specs compiled by two
+builds of dflex-compile) are measured one after the other against the same
+flex run, each row naming its folder: an A/B of a kernel change in one
+process. --kernel-times adds, per row, the GPU time of each kernel of a
+forward+backward call (torch.profiler, summed per kernel name) and their
+sum, which host work and launch gaps do not move.
 
 --flex-mma-sync gives flex the instructions sm_120 has: Triton without wgmma
 (DISABLE_MMA_V3=1), its kernels cached in a fresh folder whose PTX is then
@@ -49,9 +57,10 @@ COMPILE_OPTIONS = {"mode": "max-autotune-no-cudagraphs"} if "--flex-autotune" in
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from timing import median_ms, steady_ms
+from timing import kernel_ms, median_ms, steady_ms
 
-LIB, BUNDLES = sys.argv[1], sys.argv[2]
+LIB, BUNDLE_DIRS = sys.argv[1], sys.argv[2].split(",")
+KERNEL_TIMES = "--kernel-times" in sys.argv
 QUICK = "--quick" in sys.argv
 DFLASH_ONLY = "--dflash-only" in sys.argv
 MASK_LENGTHS = next(([int(t) for t in arg.split("=", 1)[1].split(",")] if "=" in arg else [1300, 8192]
@@ -89,6 +98,10 @@ def measure(name, forward, make_inputs):
                idle_fwd_ms=round(median_ms(lambda: forward(q, k, v)), 3),
                idle_fwdbwd_ms=round(median_ms(fwd_bwd), 3))
     row["peak_GiB"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
+    if KERNEL_TIMES:
+        fwd, fwdbwd = kernel_ms(lambda: forward(q, k, v)), kernel_ms(fwd_bwd)
+        row.update(kernel_fwd_ms=round(sum(fwd.values()), 3), kernel_fwdbwd_ms=round(sum(fwdbwd.values()), 3),
+                   fwdbwd_kernels={name[:48]: round(ms, 3) for name, ms in fwdbwd.items() if ms >= 0.001})
     return row
 
 
@@ -104,14 +117,16 @@ def inputs(batch, hq, hkv, tq, tkv, d):
     return make
 
 
-def dflex_forward(bundle, spec, captures):
-    path = os.path.join(BUNDLES, bundle)
+def dflex_forward(bundle, spec, captures, folder=None):
+    """The op on `bundle` of `folder` (the first bundle folder by default)."""
+    path = os.path.join(folder or BUNDLE_DIRS[0], bundle)
 
     def forward(q, k, v):
         o, _ = torch.ops.dflex.attention(path, spec, q.transpose(1, 2), k.transpose(1, 2),
                                          v.transpose(1, 2), captures)
         return o.transpose(1, 2)
     forward.bundle, forward.spec = path, spec
+    forward.in_folder = lambda other: dflex_forward(bundle, spec, captures, other)
     return forward
 
 
@@ -140,18 +155,27 @@ def compare(case, batch, hq, hkv, tq, tkv, d, dflex_fwd, mask_mod, extra=None, s
         print(json.dumps(flex_failures[-1]), flush=True)
         torch._dynamo.reset()
         return
-    for choice in KERNELS:
+    for folder, choice in ((folder, choice) for folder in BUNDLE_DIRS for choice in KERNELS):
+        ours_fwd = dflex_fwd.in_folder(folder)
+        if not os.path.exists(ours_fwd.bundle):  # a folder of an A/B made for some specs only
+            print(json.dumps(dict(case=case, kernels=choice, skipped=f"no bundle {ours_fwd.bundle}")), flush=True)
+            continue
         try:
-            kernels = use_kernels(choice, dflex_fwd)
+            kernels = use_kernels(choice, ours_fwd)
         except RuntimeError as error:  # e.g. sm90 for a head dim without Hopper kernels
             print(json.dumps(dict(case=case, kernels=choice, skipped=str(error))), flush=True)
             continue
-        ours = measure("dflex", dflex_fwd, make)
+        if len(BUNDLE_DIRS) > 1:
+            kernels = f"{os.path.basename(os.path.normpath(folder))} {kernels}"
+        ours = measure("dflex", ours_fwd, make)
         row = dict(case=case, kernels=kernels, flex=flex, dflex=ours,
                    fwd_speedup=round(flex["fwd_ms"] / ours["fwd_ms"], 3),
                    fwdbwd_speedup=round(flex["fwdbwd_ms"] / ours["fwdbwd_ms"], 3),
                    idle_fwd_speedup=round(flex["idle_fwd_ms"] / ours["idle_fwd_ms"], 3),
                    idle_fwdbwd_speedup=round(flex["idle_fwdbwd_ms"] / ours["idle_fwdbwd_ms"], 3))
+        if KERNEL_TIMES:
+            row.update(kernel_fwd_speedup=round(flex["kernel_fwd_ms"] / ours["kernel_fwd_ms"], 3),
+                       kernel_fwdbwd_speedup=round(flex["kernel_fwdbwd_ms"] / ours["kernel_fwdbwd_ms"], 3))
         if extra:
             row.update(extra)
         print(json.dumps(row), flush=True)
@@ -302,6 +326,8 @@ def print_table(title, prefix, with_peak):
 
 print_table("Back to back (steady state):", "", True)
 print_table("Each call from an idle GPU (median; host work before the first kernel exposed):", "idle_", False)
+if KERNEL_TIMES:
+    print_table("GPU kernel time per call (torch.profiler, summed over the call's kernels):", "kernel_", False)
 if new_layout:
     print("\n| new anchor layout | dflex first fwd+bwd s | flex create_block_mask s | flex first fwd+bwd s |")
     print("|---|---|---|---|")
