@@ -2,8 +2,8 @@
 
 #include "dflex/Codegen/Variant.h"
 
-#include "dflex/Bundle/Specs.h"
-
+#include "dflex/Codegen/SplitCongruences.h"
+#include "dflex/Codegen/ValueFacts.h"
 #include "dflex/Expr/Semantics.h"
 
 #include <algorithm>
@@ -50,227 +50,6 @@ bool isSignedDivision(Opcode op) {
          op == Opcode::CeilDivSI;
 }
 
-/// Instructions whose value is fixed for a launch: computed from constants,
-/// scalar captures and tensor sizes only (no leading argument, no element
-/// read).
-std::vector<bool> launchInvariant(const Program &program) {
-  std::vector<bool> invariant(program.instructions.size(), false);
-  for (size_t n = 0; n < program.instructions.size(); ++n) {
-    const Instruction &inst = program.instructions[n];
-    bool fixed = inst.op != Opcode::Argument && inst.op != Opcode::Read;
-    for (int32_t operand : inst.operands)
-      fixed = fixed && invariant[operand];
-    invariant[n] = fixed;
-  }
-  return invariant;
-}
-
-/// Where a mask value changes inside the kernels' loops. Values of b, h,
-/// captures and constants only are fixed for a thread (Fixed); the others
-/// change with the query row, the key column, or both (Pair).
-enum class Variance : uint8_t { Fixed = 0, Row = 1, Column = 2, Pair = 3 };
-
-std::vector<Variance> maskVariance(const Program &program) {
-  std::vector<Variance> variance(program.instructions.size(), Variance::Fixed);
-  for (size_t n = 0; n < program.instructions.size(); ++n) {
-    const Instruction &inst = program.instructions[n];
-    if (inst.op == Opcode::Argument) { // b, h, q_idx, kv_idx
-      variance[n] = inst.imm == 2 ? Variance::Row : inst.imm == 3 ? Variance::Column : Variance::Fixed;
-      continue;
-    }
-    uint8_t joined = 0; // Row | Column == Pair
-    for (int32_t operand : inst.operands)
-      joined |= static_cast<uint8_t>(variance[operand]);
-    variance[n] = static_cast<Variance>(joined);
-  }
-  return variance;
-}
-
-/// Conservative signed ranges of the integer instructions, over every
-/// launch the kernels take: b and h at most bundle::kMaxAttentionBatchOrHeads,
-/// q_idx and kv_idx below 2^31 (lengths at most bundle::kMaxAttentionLength,
-/// and a tile's rows past the end within 2^16 of it); unknown values span
-/// their type.
-std::vector<std::pair<int64_t, int64_t>> integerRanges(const Program &program) {
-  constexpr int64_t kMin = INT64_MIN, kMax = INT64_MAX;
-  std::vector<std::pair<int64_t, int64_t>> range(program.instructions.size(), {kMin, kMax});
-  auto fits = [](__int128 lo, __int128 hi) { return lo >= INT64_MIN && hi <= INT64_MAX; };
-  for (size_t n = 0; n < program.instructions.size(); ++n) {
-    const Instruction &inst = program.instructions[n];
-    if (expr::isFloat(inst.type))
-      continue;
-    const int w = expr::intWidth(inst.type);
-    auto r = [&](int k) { return range[inst.operands[k]]; };
-    auto nonNegative = [&](int k) { return r(k).first >= 0; };
-    std::pair<int64_t, int64_t> out{kMin, kMax};
-    switch (inst.op) {
-    case Opcode::Argument:
-      out = {0, inst.imm + (program.isScoreMod ? 0 : 1) <= 2 ? bundle::kMaxAttentionBatchOrHeads
-                                                               : bundle::kMaxAttentionLength + (1 << 16) - 1};
-      break;
-    case Opcode::Constant: out = {inst.imm, inst.imm}; break;
-    case Opcode::Dim: out = {0, kMax}; break;
-    case Opcode::AddI:
-    case Opcode::MulI: {
-      const __int128 a0 = r(0).first, a1 = r(0).second, b0 = r(1).first, b1 = r(1).second;
-      if (inst.op == Opcode::AddI && fits(a0 + b0, a1 + b1))
-        out = {int64_t(a0 + b0), int64_t(a1 + b1)};
-      if (inst.op == Opcode::MulI && nonNegative(0) && nonNegative(1) && a1 <= kMax && b1 <= kMax &&
-          fits(a0 * b0, a1 * b1))
-        out = {int64_t(a0 * b0), int64_t(a1 * b1)};
-      break;
-    }
-    case Opcode::SubI: {
-      const __int128 lo = __int128(r(0).first) - r(1).second, hi = __int128(r(0).second) - r(1).first;
-      if (fits(lo, hi))
-        out = {int64_t(lo), int64_t(hi)};
-      break;
-    }
-    case Opcode::DivUI:
-    case Opcode::ShRUI:
-      if (nonNegative(0))
-        out = {0, r(0).second};
-      break;
-    case Opcode::RemUI:
-      if (nonNegative(0))
-        out = {0, r(0).second};
-      if (nonNegative(1) && r(1).second > 0)
-        out = {0, std::min(nonNegative(0) ? r(0).second : kMax, r(1).second - 1)};
-      break;
-    case Opcode::AndI:
-      if (nonNegative(0) || nonNegative(1))
-        out = {0, std::min(nonNegative(0) ? r(0).second : kMax, nonNegative(1) ? r(1).second : kMax)};
-      break;
-    case Opcode::MinSI:
-      out = {std::min(r(0).first, r(1).first), std::min(r(0).second, r(1).second)};
-      break;
-    case Opcode::MaxSI:
-      out = {std::max(r(0).first, r(1).first), std::max(r(0).second, r(1).second)};
-      break;
-    case Opcode::Select:
-      out = {std::min(r(1).first, r(2).first), std::max(r(1).second, r(2).second)};
-      break;
-    case Opcode::CmpI:
-    case Opcode::CmpF: out = {0, 1}; break;
-    case Opcode::ExtSI:
-    case Opcode::ExtUI:
-    case Opcode::IndexCast:
-    case Opcode::IndexCastUI:
-    case Opcode::TruncI:
-      if (nonNegative(0))
-        out = r(0);
-      break;
-    default: break;
-    }
-    // A value of width w holds what its wrapped result can be: a range
-    // that does not fit w bits is any w-bit value (held sign-extended).
-    if (w < 64 && (out.first < -(int64_t(1) << (w - 1)) || out.second >= (int64_t(1) << (w - 1))))
-      out = {-(int64_t(1) << (w - 1)), (int64_t(1) << (w - 1)) - 1};
-    range[n] = out;
-  }
-  return range;
-}
-
-/// For each instruction, the comparisons that hold wherever its value can
-/// change a result of the program: in an andi of i1 values, each operand
-/// decides the result only where the other holds (and where that one's own
-/// conjuncts hold), and in select(c, x, y), x only where c holds. A value
-/// used several times keeps what every use guarantees; one that reaches no
-/// result keeps nothing. So a division whose numerator is bounded only under
-/// a guard (`q >= kv` before `(q - kv) % n`) may compute garbage where the
-/// guard fails: the result does not depend on it there.
-std::vector<std::vector<int32_t>> guardsOf(const Program &program) {
-  const size_t count = program.instructions.size();
-  auto isConjunction = [&](const Instruction &inst) {
-    return inst.op == Opcode::AndI && inst.type == ScalarType::I1;
-  };
-  // Adds `more` to the sorted set `set`.
-  auto addAll = [](std::vector<int32_t> &set, const std::vector<int32_t> &more) {
-    set.insert(set.end(), more.begin(), more.end());
-    std::sort(set.begin(), set.end());
-    set.erase(std::unique(set.begin(), set.end()), set.end());
-  };
-  std::vector<std::vector<int32_t>> conjuncts(count);
-  for (size_t n = 0; n < count; ++n) {
-    const Instruction &inst = program.instructions[n];
-    conjuncts[n] = {int32_t(n)};
-    if (isConjunction(inst))
-      for (int32_t operand : inst.operands)
-        addAll(conjuncts[n], conjuncts[operand]);
-  }
-  std::vector<std::optional<std::vector<int32_t>>> guards(count); // unset: no use reaches a result
-  for (int32_t root : {program.result, program.scoreDerivative})
-    if (root >= 0)
-      guards[root].emplace();
-  for (size_t n = count; n-- > 0;) {
-    if (!guards[n])
-      continue;
-    const Instruction &inst = program.instructions[n];
-    for (size_t k = 0; k < inst.operands.size(); ++k) {
-      const int32_t operand = inst.operands[k];
-      std::vector<int32_t> guard = *guards[n];
-      int32_t condition = -1; // what must hold for this operand to matter here
-      if (isConjunction(inst) && inst.operands[1 - k] != operand)
-        condition = inst.operands[1 - k];
-      if (inst.op == Opcode::Select && k == 1 && inst.operands[0] != operand)
-        condition = inst.operands[0];
-      if (condition >= 0)
-        addAll(guard, conjuncts[condition]);
-      if (!guards[operand]) {
-        guards[operand] = std::move(guard);
-        continue;
-      }
-      std::vector<int32_t> common;
-      std::set_intersection(guards[operand]->begin(), guards[operand]->end(), guard.begin(), guard.end(),
-                            std::back_inserter(common));
-      guards[operand] = std::move(common);
-    }
-  }
-  std::vector<std::vector<int32_t>> result(count);
-  for (size_t n = 0; n < count; ++n)
-    if (guards[n])
-      result[n] = std::move(*guards[n]);
-  return result;
-}
-
-/// The range of integer instruction `value` wherever the comparisons
-/// `facts` hold (guardsOf), from the facts that bound it, on non-negative
-/// operands: x - y where x >= y (or x > y) lies in [0, max x - min y], and
-/// a value below (or at most) another is at most that one's maximum.
-std::pair<int64_t, int64_t> rangeWhere(const Program &program,
-                                       const std::vector<std::pair<int64_t, int64_t>> &range,
-                                       int32_t value, const std::vector<int32_t> &facts) {
-  std::pair<int64_t, int64_t> bounded = range[value];
-  const Instruction &inst = program.instructions[value];
-  for (int32_t fact : facts) {
-    const Instruction &compare = program.instructions[fact];
-    if (compare.op != Opcode::CmpI)
-      continue;
-    int32_t larger = compare.operands[0], smaller = compare.operands[1];
-    bool strict = false;
-    switch (compare.imm) {
-    case sem::SGT:
-    case sem::UGT: strict = true; [[fallthrough]];
-    case sem::SGE:
-    case sem::UGE: break;
-    case sem::SLT:
-    case sem::ULT: strict = true; [[fallthrough]];
-    case sem::SLE:
-    case sem::ULE: std::swap(larger, smaller); break;
-    default: continue;
-    }
-    // On non-negative values, signed and unsigned comparisons agree.
-    if (range[larger].first < 0 || range[smaller].first < 0)
-      continue;
-    if (inst.op == Opcode::SubI && inst.operands[0] == larger && inst.operands[1] == smaller)
-      bounded = {std::max<int64_t>(bounded.first, strict ? 1 : 0),
-                 std::min(bounded.second, range[larger].second - range[smaller].first)};
-    if (value == smaller)
-      bounded = {std::max<int64_t>(bounded.first, 0), std::min(bounded.second, range[larger].second - strict)};
-  }
-  return bounded;
-}
-
 /// A division by a launch-invariant divisor and the kind of magic it takes.
 struct InvariantDivision {
   int32_t instruction;
@@ -285,18 +64,19 @@ struct InvariantDivision {
 /// other signed ones stay divisions.
 std::vector<InvariantDivision> divisionsByInvariants(const Program &program) {
   const std::vector<bool> invariant = launchInvariant(program);
+  const std::vector<bool> live = reachesResult(program);
   const auto range = integerRanges(program);
   const auto guards = guardsOf(program);
   std::vector<InvariantDivision> divisions;
   for (size_t n = 0; n < program.instructions.size(); ++n) {
     const Instruction &inst = program.instructions[n];
     const bool isUnsigned = isUnsignedDivision(inst.op);
-    if (!isUnsigned && !isSignedDivision(inst.op))
+    if (!live[n] || (!isUnsigned && !isSignedDivision(inst.op)))
       continue;
     const int32_t numerator = inst.operands[0], divisor = inst.operands[1];
     if (!invariant[divisor] || program.instructions[divisor].op == Opcode::Constant)
       continue;
-    const std::pair<int64_t, int64_t> bounded = rangeWhere(program, range, numerator, guards[n]);
+    const ValueRange bounded = rangeWhere(program, range, numerator, guards[n]);
     const bool narrow = (bounded.first >= 0 && bounded.second < (int64_t(1) << 32)) ||
                         (isUnsigned && expr::intWidth(inst.type) <= 32);
     if (narrow || isUnsigned)
@@ -305,12 +85,26 @@ std::vector<InvariantDivision> divisionsByInvariants(const Program &program) {
   return divisions;
 }
 
-/// The divisor slot a division reads (no field or offset yet).
-DivisorSlot divisorOf(const Program &program, InvariantDivision division, bool inScoreMod) {
-  const Instruction &inst = program.instructions[division.instruction];
+/// The program the code generator emits for a body: a mask with its
+/// congruences split (SplitCongruences.h), a score_mod as it is. Divisor
+/// slots name the body's instructions (`origin`): packVariant evaluates
+/// them on the body.
+CongruenceSplit emittedForm(const Program &body) {
+  if (!body.isScoreMod)
+    return splitCongruences(body);
+  CongruenceSplit same;
+  same.program = body;
+  for (size_t n = 0; n < body.instructions.size(); ++n)
+    same.origin.push_back(int32_t(n));
+  return same;
+}
+
+/// The divisor slot a division of `form` reads (no field or offset yet).
+DivisorSlot divisorOf(const CongruenceSplit &form, InvariantDivision division, bool inScoreMod) {
+  const Instruction &inst = form.program.instructions[division.instruction];
   DivisorSlot slot;
   slot.inScoreMod = inScoreMod;
-  slot.instruction = inst.operands[1];
+  slot.instruction = form.origin[inst.operands[1]]; // launch-invariant: never an inserted remainder
   slot.width = expr::intWidth(inst.type);
   slot.isSigned = isSignedDivision(inst.op);
   slot.wide = division.wide;
@@ -322,9 +116,10 @@ DivisorSlot divisorOf(const Program &program, InvariantDivision division, bool i
 Result<VariantLayout> layoutVariant(const Program &mask, const Program *scoreMod) {
   VariantLayout layout;
   int offset = 0;
-  auto addDivisors = [&](const Program &program, bool inScoreMod) {
-    for (const InvariantDivision &division : divisionsByInvariants(program)) {
-      DivisorSlot slot = divisorOf(program, division, inScoreMod);
+  auto addDivisors = [&](const Program &body, bool inScoreMod) {
+    const CongruenceSplit form = emittedForm(body);
+    for (const InvariantDivision &division : divisionsByInvariants(form.program)) {
+      DivisorSlot slot = divisorOf(form, division, inScoreMod);
       bool known = false;
       for (const DivisorSlot &existing : layout.divisors)
         known = known || existing.sameDivisor(slot);
@@ -409,16 +204,16 @@ std::string intLiteral(int64_t value) {
 /// a mask as its row, column and pair parts.
 class BodyEmitter {
 public:
-  BodyEmitter(std::ostringstream &out, const Program &program, const VariantLayout &layout,
+  BodyEmitter(std::ostringstream &out, const CongruenceSplit &form, const VariantLayout &layout,
               bool isScoreMod)
-      : out(out), program(program), layout(layout) {
+      : out(out), program(form.program), layout(layout) {
     const auto range = integerRanges(program);
     narrow.resize(program.instructions.size());
     for (size_t n = 0; n < program.instructions.size(); ++n)
       narrow[n] = !expr::isFloat(program.instructions[n].type) && range[n].first >= INT32_MIN &&
                   range[n].second <= INT32_MAX;
     for (const InvariantDivision &division : divisionsByInvariants(program)) {
-      const DivisorSlot wanted = divisorOf(program, division, isScoreMod);
+      const DivisorSlot wanted = divisorOf(form, division, isScoreMod);
       for (const DivisorSlot &slot : layout.divisors)
         if (slot.sameDivisor(wanted))
           divisorField[division.instruction] = {slot.field, slot.wide};
@@ -704,25 +499,34 @@ std::string emitVariant(const std::string &structName,
     else
       out << "  long long " << slot.field << ";\n";
   }
+  const CongruenceSplit maskForm = emittedForm(mask);
+  std::optional<CongruenceSplit> scoreModForm;
+  if (scoreMod)
+    scoreModForm = emittedForm(*scoreMod);
+  // The emitted value a divisor slot reads (slots name the bodies' values).
+  auto emittedValue = [&](const DivisorSlot &slot) {
+    const std::vector<int32_t> &origin = (slot.inScoreMod ? *scoreModForm : maskForm).origin;
+    return std::find(origin.begin(), origin.end(), slot.instruction) - origin.begin();
+  };
   for (const DivisorSlot &slot : layout.divisors)
-    out << "  // divisor: " << (slot.inScoreMod ? "score_mod" : "mask") << " value v" << slot.instruction
+    out << "  // divisor: " << (slot.inScoreMod ? "score_mod" : "mask") << " value v" << emittedValue(slot)
         << ", " << (slot.isSigned ? "signed" : slot.wide ? "unsigned, any numerator," : "unsigned") << " at "
         << slot.width << " bits, byte " << slot.offsetBytes << "\n"
         << "  ::dflex::sem::" << (slot.wide ? "WideUDivisor " : "UDivisor ") << slot.field << ";\n";
-  BodyEmitter(out, mask, layout, false).emitSplitMask(mask.result);
+  BodyEmitter(out, maskForm, layout, false).emitSplitMask(maskForm.program.result);
 
   const char *scoreSignature =
       "(float score, long long b, long long h, long long q_idx, long long kv_idx) const {\n"
       "    using namespace ::dflex::sem;\n";
   out << "\n  DFLEX_FUNCTOR float score_mod" << scoreSignature;
   if (scoreMod)
-    BodyEmitter(out, *scoreMod, layout, true).emitScoreMod(scoreMod->result);
+    BodyEmitter(out, *scoreModForm, layout, true).emitScoreMod(scoreModForm->program.result);
   else
     out << "    return score;\n";
   out << "  }\n";
   out << "\n  DFLEX_FUNCTOR float score_mod_grad" << scoreSignature;
   if (scoreMod)
-    BodyEmitter(out, *scoreMod, layout, true).emitScoreMod(scoreMod->scoreDerivative);
+    BodyEmitter(out, *scoreModForm, layout, true).emitScoreMod(scoreModForm->program.scoreDerivative);
   else
     out << "    return 1.0f;\n";
   out << "  }\n};\n";

@@ -3,7 +3,8 @@
 // Integer mask bodies over b, h, q_idx and kv_idx, a scalar capture `n` and a
 // tensor capture `t`, drawn from a seed: arithmetic, divisions and remainders
 // (by `n`, strength-reduced, and by other values), differences guarded by
-// their order (x - y where x >= y is a condition), reads of `t`, comparisons,
+// their order (x - y where x >= y is a condition), congruences ((x - y) % d
+// compared with 0, guarded by an order or not), reads of `t`, comparisons,
 // selects and logic, mixing the arguments in every way the split into row,
 // column and pair parts meets, and the interval rules of the tile analysis
 // meet in combination. A seed always gives the same body, so the codegen
@@ -43,7 +44,7 @@ inline expr::Program randomMask(uint64_t seed) {
                                        Opcode::DivSI, Opcode::RemSI};
   const int steps = 6 + static_cast<int>(below(12));
   for (int step = 0; step < steps; ++step) {
-    switch (below(7)) {
+    switch (below(8)) {
     case 0:
     case 1: {
       const Opcode op = kArithmetic[below(std::size(kArithmetic))];
@@ -72,6 +73,18 @@ inline expr::Program randomMask(uint64_t seed) {
       static const int64_t kOrders[] = {sem::UGE, sem::UGT, sem::SGE};
       conditions.push_back(builder.add(Opcode::CmpI, ScalarType::I1, {x, y}, kOrders[below(3)], 64));
       values.push_back(builder.add(Opcode::SubI, ScalarType::Index, {x, y}));
+      break;
+    }
+    case 6: { // (x - y) % d ==/!= 0, often of q_idx and kv_idx: SplitCongruences.h's pattern
+      const int32_t x = below(2) ? values[2] : anyValue(), y = below(2) ? values[3] : anyValue();
+      if (below(2))
+        conditions.push_back(builder.add(Opcode::CmpI, ScalarType::I1, {x, y}, sem::UGE, 64));
+      const int32_t difference = builder.add(Opcode::SubI, ScalarType::Index, {x, y});
+      const int32_t remainder = builder.add(below(2) ? Opcode::RemUI : Opcode::RemSI, ScalarType::Index,
+                                            {difference, below(2) ? n : anyValue()});
+      const int32_t zero = builder.add(Opcode::Constant, ScalarType::Index, {}, 0);
+      conditions.push_back(
+          builder.add(Opcode::CmpI, ScalarType::I1, {remainder, zero}, below(2) ? sem::EQ : sem::NE, 64));
       break;
     }
     default:

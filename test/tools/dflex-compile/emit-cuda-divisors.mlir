@@ -41,40 +41,41 @@ dflex.attention @layer mask @dilated heads(8, 2) head_dim(64, 64) : bf16
 // CHECK:         return
 
 // Where the mask also requires q >= kv (an andi with it), q - kv lies in
-// [0, 2^31) wherever its remainder decides the mask: a 32-bit magic
-// divides it (elsewhere it may wrap, and the mask is false whatever the
-// remainder). Joined by an ori the order does not hold where the remainder
-// counts, so the division stays 64-bit.
-dflex.mask @causal_dilated(%b: index, %h: index, %q: index, %kv: index) captures(%dilation: index) {
-  %c0 = arith.constant 0 : index
+// [0, 2^31) wherever its quotient decides the mask: a 32-bit magic divides
+// it (elsewhere it may wrap, and the mask is false whatever the quotient).
+// Joined by an ori the order does not hold where the quotient counts, so
+// the division stays 64-bit. (A remainder compared with zero is split into
+// the positions' remainders instead: split-congruences.mlir.)
+dflex.mask @causal_strided(%b: index, %h: index, %q: index, %kv: index) captures(%stride: index) {
+  %c4 = arith.constant 4 : index
   %causal = arith.cmpi uge, %q, %kv : index
   %d = arith.subi %q, %kv : index
-  %phase = arith.remui %d, %dilation : index
-  %on = arith.cmpi eq, %phase, %c0 : index
-  %r = arith.andi %causal, %on : i1
+  %steps = arith.divui %d, %stride : index
+  %near = arith.cmpi ult, %steps, %c4 : index
+  %r = arith.andi %causal, %near : i1
   dflex.yield %r : i1
 }
 
-dflex.mask @causal_or_dilated(%b: index, %h: index, %q: index, %kv: index) captures(%dilation: index) {
-  %c0 = arith.constant 0 : index
+dflex.mask @causal_or_strided(%b: index, %h: index, %q: index, %kv: index) captures(%stride: index) {
+  %c4 = arith.constant 4 : index
   %causal = arith.cmpi uge, %q, %kv : index
   %d = arith.subi %q, %kv : index
-  %phase = arith.remui %d, %dilation : index
-  %on = arith.cmpi eq, %phase, %c0 : index
-  %r = arith.ori %causal, %on : i1
+  %steps = arith.divui %d, %stride : index
+  %near = arith.cmpi ult, %steps, %c4 : index
+  %r = arith.ori %causal, %near : i1
   dflex.yield %r : i1
 }
 
-dflex.attention @guarded mask @causal_dilated heads(8, 2) head_dim(64, 64) : bf16
-dflex.attention @unguarded mask @causal_or_dilated heads(8, 2) head_dim(64, 64) : bf16
+dflex.attention @guarded mask @causal_strided heads(8, 2) head_dim(64, 64) : bf16
+dflex.attention @unguarded mask @causal_or_strided heads(8, 2) head_dim(64, 64) : bf16
 
 // CHECK-LABEL: the attention kernels of @guarded.
 // CHECK:         // divisor: mask value v{{[0-9]+}}, unsigned at 64 bits, byte 8
 // CHECK-NEXT:    ::dflex::sem::UDivisor [[GUARDED:mask_divisor[0-9]+_u64]];
 // CHECK-LABEL: bool mask_pair(
-// CHECK:         = remuiBy(v{{[0-9]+}}, [[GUARDED]], 64);
+// CHECK:         = divuiBy(v{{[0-9]+}}, [[GUARDED]], 64);
 // CHECK-LABEL: the attention kernels of @unguarded.
 // CHECK:         // divisor: mask value v{{[0-9]+}}, unsigned, any numerator, at 64 bits, byte 8
 // CHECK-NEXT:    ::dflex::sem::WideUDivisor [[UNGUARDED:mask_divisor[0-9]+_w64]];
 // CHECK-LABEL: bool mask_pair(
-// CHECK:         = remuiWideBy(v{{[0-9]+}}, [[UNGUARDED]], 64);
+// CHECK:         = divuiWideBy(v{{[0-9]+}}, [[UNGUARDED]], 64);

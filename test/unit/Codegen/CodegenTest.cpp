@@ -13,6 +13,7 @@
 #include "../Conversion/DFlexToProgram/TestUtil.h"
 #include "dflex/Bundle/Specs.h"
 #include "dflex/Codegen/Derivative.h"
+#include "dflex/Codegen/SplitCongruences.h"
 #include "dflex/Codegen/Variant.h"
 
 #include <cmath>
@@ -187,7 +188,7 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
   // part that has what it depends on.
   ASSERT_EQ(std::size(kRandomVariants), size_t(test::kRandomMasks));
   std::mt19937_64 rng(7);
-  int splitRows = 0, splitColumns = 0;
+  int splitRows = 0, splitColumns = 0, congruences = 0;
   for (const GeneratedRandomMask &generated : kRandomVariants) {
     SCOPED_TRACE("random mask " + std::to_string(generated.seed));
     const expr::Program mask = test::randomMask(generated.seed);
@@ -197,6 +198,7 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
     const std::string source = codegen::emitVariant("Variant", layout.value(), mask, nullptr);
     splitRows += source.find("struct MaskRow { };") == std::string::npos;
     splitColumns += source.find("struct MaskColumn { };") == std::string::npos;
+    congruences += codegen::splitCongruences(mask).rewritten > 0;
     for (int round = 0; round < 4; ++round) {
       RandomCaptures captures = randomCaptures(layout.value(), rng);
       auto bytes = codegen::packVariant(layout.value(), captures.bound, mask, nullptr);
@@ -217,6 +219,76 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
   // The bodies exercise the split: most hand values to both parts.
   EXPECT_GT(splitRows, test::kRandomMasks / 2);
   EXPECT_GT(splitColumns, test::kRandomMasks / 2);
+  EXPECT_GE(congruences, 4); // and split congruences (SplitCongruences.h)
+}
+
+TEST(Codegen, SplitCongruencesKeepTheMaskForEveryDivisor) {
+  // (a - b) % n == 0 against a % n == b % n, through the interpreter, for
+  // divisors of every kind the semantics single out (zero, -1, the minimum
+  // value, beyond 32 bits) at both widths, on positions near 0 and near the
+  // kernels' largest.
+  using expr::Opcode;
+  struct Case {
+    Opcode remainder;
+    bool guarded; // q >= kv is a conjunct of the mask
+    int width;
+    int expectRewritten;
+  };
+  const Case cases[] = {{Opcode::RemUI, true, 64, 1},  {Opcode::RemUI, true, 32, 1},
+                        {Opcode::RemSI, false, 64, 1}, {Opcode::RemSI, false, 32, 1},
+                        {Opcode::RemUI, false, 64, 0}, {Opcode::RemUI, false, 32, 0}};
+  for (const Case &c : cases) {
+    SCOPED_TRACE(std::string(expr::toString(c.remainder)) + (c.guarded ? " guarded" : "") + " i" +
+                 std::to_string(c.width));
+    const expr::ScalarType type = test::intType(c.width);
+    test::ProgramBuilder builder;
+    builder.program.captures = {{"n", false, type, 0}};
+    const int32_t q = builder.argument(2, c.width), kv = builder.argument(3, c.width);
+    // a = q + 3 at 64 bits; at 32 bits q itself (q + 3 may wrap there, and
+    // then nothing is split).
+    const int32_t three = builder.add(Opcode::Constant, type, {}, 3);
+    const int32_t shifted = c.width == 64 ? builder.add(Opcode::AddI, type, {q, three}) : q;
+    const int32_t n = builder.add(Opcode::Capture, type, {}, 0);
+    const int32_t difference = builder.add(Opcode::SubI, type, {shifted, kv});
+    const int32_t remainder = builder.add(c.remainder, type, {difference, n});
+    const int32_t zero = builder.add(Opcode::Constant, type, {}, 0);
+    int32_t result = builder.add(Opcode::CmpI, expr::ScalarType::I1, {remainder, zero}, sem::EQ, c.width);
+    if (c.guarded) {
+      const int32_t order = builder.add(Opcode::CmpI, expr::ScalarType::I1, {shifted, kv}, sem::UGE, c.width);
+      result = builder.add(Opcode::AndI, expr::ScalarType::I1, {order, result});
+    }
+    const expr::Program &mask = builder.program;
+    const codegen::CongruenceSplit split = codegen::splitCongruences(mask);
+    ASSERT_EQ(split.rewritten, c.expectRewritten);
+    ASSERT_EQ(split.origin.size(), split.program.instructions.size());
+
+    const int64_t minimum = c.width == 32 ? INT32_MIN : INT64_MIN;
+    const int64_t divisors[] = {0, 1, 2, 3, 7, 64, -1, -3, minimum, (int64_t(1) << 32) + 1, int64_t(1) << 40};
+    const int64_t largest = kLargestPosition;
+    std::vector<int64_t> positions;
+    for (int64_t p = 0; p < 24; ++p) {
+      positions.push_back(p);
+      positions.push_back(largest - p);
+    }
+    std::vector<Value> scratch;
+    int differing = 0;
+    for (int64_t divisor : divisors) {
+      const std::vector<CaptureValue> captures = {CaptureValue::ofScalar(Value::ofInt(
+          c.width == 32 ? int64_t(int32_t(uint32_t(uint64_t(divisor)))) : divisor))};
+      for (int64_t qi : positions)
+        for (int64_t ki : positions) {
+          const bool original = expr::evaluateMask(mask, 0, 0, qi, ki, captures, scratch);
+          const bool rewritten = expr::evaluateMask(split.program, 0, 0, qi, ki, captures, scratch);
+          ASSERT_EQ(original, rewritten) << "n " << divisor << " q " << qi << " kv " << ki;
+          // What the guard is for: an unsigned difference that wraps.
+          const int64_t a = c.width == 64 ? qi + 3 : qi;
+          const bool wraps = c.remainder == Opcode::RemUI && divisor == 3 && a < ki;
+          differing += wraps && original != (a % 3 == ki % 3);
+        }
+    }
+    if (c.remainder == Opcode::RemUI && !c.guarded)
+      EXPECT_GT(differing, 0); // so the unsigned, unguarded comparison must stay as written
+  }
 }
 
 TEST(Codegen, TileClassificationMatchesBruteForce) {
