@@ -110,13 +110,15 @@ std::vector<ValueRange> integerRanges(const Program &program) {
       break;
     case Opcode::CmpI:
     case Opcode::CmpF: out = {0, 1}; break;
-    case Opcode::ExtSI:
-    case Opcode::ExtUI:
+    case Opcode::ExtSI: // the same signed value (a truncation that does not fit wraps: below)
     case Opcode::IndexCast:
+    case Opcode::TruncI: out = r(0); break;
+    case Opcode::ExtUI: // the same value if non-negative, else the source width's unsigned range
     case Opcode::IndexCastUI:
-    case Opcode::TruncI:
       if (nonNegative(0))
         out = r(0);
+      else if (inst.imm2 < 64)
+        out = {0, (int64_t(1) << inst.imm2) - 1};
       break;
     default: break;
     }
