@@ -6,7 +6,9 @@ usage: mask_pair_sass.py BUNDLE_DIR[,BUNDLE_DIR...] [--arch sm_90a]
 For each bundle (dflex-compile output) and each attention spec in it, the
 generated source gets one extra kernel that evaluates `mask_pair` for one
 query row against 32 key columns read from memory, the loop a partial tile's
-visibility runs per thread; nvcc compiles it for the arch and cuobjdump
+visibility runs per thread (or, for a variant with key intervals, the test
+of 32 keys against one row's intervals, what the kernels whose rows are
+fixed run instead: kernels/attention/variant.cuh); nvcc compiles it for the arch and cuobjdump
 counts its SASS instructions and global loads. The instructions per pair
 (loads of the column parts left out) are what the mask costs the kernels
 at every element of a partial tile. Several comma-separated folders (the
@@ -35,6 +37,16 @@ __global__ void dflex_mask_pair_cost(const dflex_generated::Variant variant,
   out[threadIdx.x] = bits;
 }
 """ % PAIRS
+INTERVAL_KERNEL = """
+__global__ void dflex_mask_pair_cost(const dflex_generated::Variant::KeyIntervals row, const int* columns,
+                                     unsigned* out) {
+  unsigned bits = 0;
+#pragma unroll
+  for (int i = 0; i < %d; ++i)
+    bits |= unsigned(::dflex::kernels::in_key_intervals<dflex_generated::Variant>(row, columns[i])) << i;
+  out[threadIdx.x] = bits;
+}
+""" % PAIRS
 
 
 def cuobjdump():
@@ -55,7 +67,8 @@ def cuobjdump():
 def pair_cost(source, arch, tool, scratch):
     unit = os.path.join(scratch, "pair.cu")
     with open(source) as f, open(unit, "w") as out:
-        out.write(f.read() + PAIR_KERNEL)
+        text = f.read()
+        out.write(text + (INTERVAL_KERNEL if "kKeyIntervals" in text else PAIR_KERNEL))
     cubin = os.path.join(scratch, "pair.cubin")
     subprocess.run(["nvcc", "-std=c++17", "-w", "-cubin", "-arch=" + arch, "-I" + os.path.join(ROOT, "kernels"),
                     "-I" + os.path.join(ROOT, "include"), unit, "-o", cubin], check=True)

@@ -13,8 +13,10 @@ namespace kernels {
 
 // The two sides of LogitMap::visibility's pairs as mask parts: the fixed
 // side's two indices are queries (rows) and the varying side's keys
-// (columns), or, with kKeysFixed, the other way round.
-template <class Variant, bool kKeysFixed>
+// (columns), or, with kKeysFixed, the other way round. Rows fixed, a mask
+// with key intervals (variant.cuh) takes them as the row's part and the key
+// itself as the column's.
+template <class Variant, bool kKeysFixed, bool kIntervals = !kKeysFixed && HasKeyIntervals<Variant>::value>
 struct VisibilitySides {
   using Parts = MaskParts<Variant>;
   using Fixed = typename Select<kKeysFixed, typename Parts::Column, typename Parts::Row>::Type;
@@ -31,6 +33,21 @@ struct VisibilitySides {
   __device__ __forceinline__ static bool pair(const Parts& parts, const Fixed& fixed, const Varying& varying) {
     if constexpr (kKeysFixed) return parts.pair(varying, fixed);
     else return parts.pair(fixed, varying);
+  }
+};
+
+template <class Variant>
+struct VisibilitySides<Variant, false, true> {
+  using Parts = MaskParts<Variant>;
+  using Fixed = typename Variant::KeyIntervals;
+  using Varying = int;
+  static constexpr bool kStaged = false;  // the key is its own part
+  __device__ __forceinline__ static Fixed fixed(const Parts& parts, int q) {
+    return parts.variant.key_intervals(parts.b, parts.h, q);
+  }
+  __device__ __forceinline__ static Varying varying(const Parts&, int kv) { return kv; }
+  __device__ __forceinline__ static bool pair(const Parts&, const Fixed& row, int kv) {
+    return in_key_intervals<Variant>(row, kv);
   }
 };
 

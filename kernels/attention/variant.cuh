@@ -30,6 +30,15 @@
 // in its struct: the kernels then work it out once per index for a whole
 // warp and share it through shared memory (LogitMap::stage_varying).
 //
+// A mask whose visible keys of a query row form a few intervals may say so
+// (dflex-compile emits it where the test is shorter than mask_pair):
+//   static constexpr int kKeyIntervals = N;
+//   struct KeyIntervals { int first[N]; unsigned count[N]; };
+//   __device__ KeyIntervals key_intervals(long long b, long long h, long long q) const;
+// mask(b, h, q, kv) then equals, for every in-range kv, whether kv is in one
+// of the intervals (in_key_intervals; first in [0, 2^31)): the kernels whose
+// rows are fixed along their loop test that per pair instead of mask_pair.
+//
 // The kernels call these functions only for in-range arguments:
 // 0 <= b < batch, 0 <= h < q_heads, 0 <= q < q_len, 0 <= kv < kv_len, so a
 // functor may index its captures with them without bounds checks of its own.
@@ -66,6 +75,27 @@ template <class Part>
 struct ReadsMemory<Part, decltype(void(Part::kReadsMemory))> {
   static constexpr bool value = Part::kReadsMemory;
 };
+
+// Whether a variant has its mask's key intervals (kKeyIntervals, ...).
+template <class Variant, class = void>
+struct HasKeyIntervals {
+  static constexpr bool value = false;
+};
+template <class Variant>
+struct HasKeyIntervals<Variant, decltype(void(Variant::kKeyIntervals))> {
+  static constexpr bool value = Variant::kKeyIntervals > 0;
+};
+
+// Whether key kv (0 <= kv < 2^31) is in one of a row's key intervals.
+template <class Variant>
+__host__ __device__ __forceinline__ bool in_key_intervals(const typename Variant::KeyIntervals& row, int kv) {
+  bool seen = false;
+#pragma unroll
+  for (int i = 0; i < Variant::kKeyIntervals; ++i) {
+    seen |= static_cast<unsigned>(kv - row.first[i]) < row.count[i];
+  }
+  return seen;
+}
 
 // The largest mask part the kernels stage in shared memory (two 32-bit
 // values, say a position and the document id read for it): bigger ones would

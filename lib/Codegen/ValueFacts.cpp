@@ -218,12 +218,16 @@ ValueRange rangeWhere(const Program &program, const std::vector<ValueRange> &ran
     case sem::ULE: std::swap(larger, smaller); break;
     default: continue;
     }
-    // On non-negative values, signed and unsigned comparisons agree.
-    if (range[larger].first < 0 || range[smaller].first < 0)
+    // On non-negative values, signed and unsigned comparisons agree; a
+    // value at most a non-negative one as unsigned is non-negative itself
+    // (a negative one reads as 2^w - |value|).
+    const bool isUnsigned = compare.imm >= sem::ULT;
+    if (range[larger].first < 0 || (range[smaller].first < 0 && !isUnsigned))
       continue;
+    const int64_t smallest = std::max<int64_t>(range[smaller].first, 0);
     if (inst.op == Opcode::SubI && inst.operands[0] == larger && inst.operands[1] == smaller)
       bounded = {std::max<int64_t>(bounded.first, strict ? 1 : 0),
-                 std::min(bounded.second, range[larger].second - range[smaller].first)};
+                 std::min(bounded.second, range[larger].second - smallest)};
     if (value == smaller)
       bounded = {std::max<int64_t>(bounded.first, 0), std::min(bounded.second, range[larger].second - strict)};
   }

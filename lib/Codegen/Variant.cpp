@@ -2,6 +2,7 @@
 
 #include "dflex/Codegen/Variant.h"
 
+#include "dflex/Codegen/KeyIntervals.h"
 #include "dflex/Codegen/SplitCongruences.h"
 #include "dflex/Codegen/ValueFacts.h"
 #include "dflex/Expr/Semantics.h"
@@ -268,6 +269,29 @@ public:
            "    return mask_pair(mask_row(b, h, q_idx), mask_column(b, h, kv_idx));\n  }\n";
   }
 
+  /// The keys a query row sees as intervals (KeyIntervals.h): the values
+  /// `first` and `count` of each, worked out from the row.
+  void emitKeyIntervals(const std::vector<int32_t> &first, const std::vector<int32_t> &count) {
+    const std::string n = std::to_string(first.size());
+    auto list = [&](const std::vector<int32_t> &values, const char *cast) {
+      std::string text;
+      for (int32_t v : values)
+        text += (text.empty() ? "" : ", ") + std::string(cast) + value(v);
+      return text;
+    };
+    out << "\n  // The keys a query row sees: kv_idx - first[i] <u count[i] for some i.\n"
+        << "  static constexpr int kKeyIntervals = " << n << ";\n"
+        << "  struct KeyIntervals { int first[" << n << "]; unsigned count[" << n << "]; };\n"
+        << "  DFLEX_FUNCTOR KeyIntervals key_intervals(long long b, long long h, long long q_idx) const {\n"
+           "    using namespace ::dflex::sem;\n";
+    std::vector<bool> wanted(program.instructions.size(), false);
+    for (const std::vector<int32_t> *values : {&first, &count})
+      for (int32_t v : *values)
+        wanted[v] = true;
+    emitComputing(wanted);
+    out << "    return KeyIntervals{{" << list(first, "") << "}, {" << list(count, "(unsigned)") << "}};\n  }\n";
+  }
+
 private:
   std::string value(int32_t n) const { return "v" + std::to_string(n); }
   const char *typeOf(int32_t n) const {
@@ -514,6 +538,13 @@ std::string emitVariant(const std::string &structName,
         << slot.width << " bits, byte " << slot.offsetBytes << "\n"
         << "  ::dflex::sem::" << (slot.wide ? "WideUDivisor " : "UDivisor ") << slot.field << ";\n";
   BodyEmitter(out, maskForm, layout, false).emitSplitMask(maskForm.program.result);
+  if (KeyIntervalForm intervals = keyIntervals(maskForm.program); !intervals.first.empty()) {
+    CongruenceSplit intervalForm;
+    intervalForm.origin = maskForm.origin;
+    intervalForm.origin.resize(intervals.program.instructions.size(), -1);
+    intervalForm.program = std::move(intervals.program);
+    BodyEmitter(out, intervalForm, layout, false).emitKeyIntervals(intervals.first, intervals.count);
+  }
 
   const char *scoreSignature =
       "(float score, long long b, long long h, long long q_idx, long long kv_idx) const {\n"

@@ -23,15 +23,26 @@
 
 namespace dflex::test {
 
+/// The start of a random body: its draws from `seed`, and a program over
+/// b, h, q_idx and kv_idx with a scalar capture `n` and a tensor `t`.
+struct RandomBody {
+  std::mt19937_64 rng;
+  ProgramBuilder builder;
+  RandomBody(const std::string &name, uint64_t seed) : rng(seed) {
+    builder.program.name = name + std::to_string(seed);
+    builder.program.captures = {{"n", false, expr::ScalarType::Index, 0}, {"t", true, expr::ScalarType::I32, 1}};
+  }
+  /// A draw in [0, n).
+  int64_t below(uint64_t n) { return static_cast<int64_t>(rng() % n); }
+};
+
 inline expr::Program randomMask(uint64_t seed) {
   using expr::Opcode;
   using expr::ScalarType;
-  std::mt19937_64 rng(seed);
-  auto below = [&](uint64_t n) { return static_cast<int64_t>(rng() % n); };
-  ProgramBuilder builder;
+  RandomBody body("random_mask_", seed);
+  auto below = [&](uint64_t n) { return body.below(n); };
+  ProgramBuilder &builder = body.builder;
   expr::Program &program = builder.program;
-  program.name = "random_mask_" + std::to_string(seed);
-  program.captures = {{"n", false, ScalarType::Index, 0}, {"t", true, ScalarType::I32, 1}};
   std::vector<int32_t> values, conditions;
   for (int argument = 0; argument < 4; ++argument)
     values.push_back(builder.add(Opcode::Argument, ScalarType::Index, {}, argument));
@@ -104,6 +115,116 @@ inline expr::Program randomMask(uint64_t seed) {
 
 /// How many random masks the test checks.
 constexpr int kRandomMasks = 48;
+
+/// Mask bodies made of the pieces KeyIntervals.h reads a mask's key
+/// intervals from, and of some it does not: comparisons, signed and
+/// unsigned, of kv_idx plus or minus row values (q_idx, the capture `n`, a
+/// read `t[q_idx]`, quotients of q_idx by constants, sums of those) with row
+/// values, often guarded by an order that keeps a difference from wrapping;
+/// quotients of such sums by constants compared with row values; row
+/// conditions; joined into clauses by andi, the clauses by ori, select on a
+/// row condition or a negation.
+inline expr::Program randomIntervalMask(uint64_t seed) {
+  using expr::Opcode;
+  using expr::ScalarType;
+  RandomBody body("random_interval_mask_", seed);
+  auto below = [&](uint64_t n) { return body.below(n); };
+  ProgramBuilder &builder = body.builder;
+  expr::Program &program = builder.program;
+  const int32_t q = builder.add(Opcode::Argument, ScalarType::Index, {}, 2);
+  const int32_t kv = builder.add(Opcode::Argument, ScalarType::Index, {}, 3);
+  auto constant = [&](int64_t value) { return builder.add(Opcode::Constant, ScalarType::Index, {}, value); };
+  std::vector<int32_t> rows = {q, builder.add(Opcode::Capture, ScalarType::Index, {}, 0), constant(below(40))};
+  {
+    const int32_t read = builder.add(Opcode::Read, ScalarType::I32, {q}, 1);
+    program.instructions[read].hasPadding = true;
+    program.instructions[read].paddingInt = -1;
+    rows.push_back(builder.add(Opcode::ExtSI, ScalarType::Index, {read}, 0, 32));
+    rows.push_back(builder.add(Opcode::DivUI, ScalarType::Index, {q, constant(1 + below(20))}));
+  }
+  auto row = [&] { return rows[below(rows.size())]; };
+  for (int extra = 0; extra < 3; ++extra)
+    rows.push_back(builder.add(below(2) ? Opcode::AddI : Opcode::SubI, ScalarType::Index, {row(), row()}));
+  // A key side: kv, kv +- a row value (a difference guarded by its order,
+  // mostly, or not), or a row value less kv; `guard` is set to the order
+  // when drawn, and `nonNegative` where the side is (kv, a guarded
+  // difference): unsigned orders and quotients mostly take those.
+  auto keySide = [&](int32_t &guard, bool &nonNegative) {
+    guard = -1;
+    nonNegative = false;
+    const int32_t other = row();
+    switch (below(4)) {
+    case 0: nonNegative = true; return kv;
+    case 1: return builder.add(Opcode::AddI, ScalarType::Index, {kv, other});
+    case 2:
+      if (below(4)) {
+        guard = builder.add(Opcode::CmpI, ScalarType::I1, {kv, other}, below(4) ? sem::UGE : sem::SGE, 64);
+        nonNegative = true;
+      }
+      return builder.add(Opcode::SubI, ScalarType::Index, {kv, other});
+    default:
+      if (below(4)) {
+        guard = builder.add(Opcode::CmpI, ScalarType::I1, {other, kv}, below(4) ? sem::UGE : sem::UGT, 64);
+        nonNegative = true;
+      }
+      return builder.add(Opcode::SubI, ScalarType::Index, {other, kv});
+    }
+  };
+  auto predicateFor = [&](bool nonNegative) {
+    return nonNegative || below(6) == 0 ? below(10) : below(6); // unsigned ones from sem::ULT on
+  };
+  auto andGuard = [&](int32_t atom, int32_t guard) {
+    return guard < 0 ? atom : builder.add(Opcode::AndI, ScalarType::I1, {guard, atom});
+  };
+  auto atom = [&]() -> int32_t {
+    int32_t guard;
+    bool nonNegative;
+    switch (below(5)) {
+    case 0: // a row condition
+      return builder.add(Opcode::CmpI, ScalarType::I1, {row(), row()}, below(10), 64);
+    case 1: { // a quotient by a constant
+      int32_t key = keySide(guard, nonNegative);
+      for (int retry = 0; !nonNegative && retry < 3; ++retry)
+        key = keySide(guard, nonNegative);
+      const int32_t quotient = builder.add(below(2) ? Opcode::DivUI : Opcode::DivSI, ScalarType::Index,
+                                           {key, constant(1 + below(24))});
+      const bool swap = below(2);
+      const int32_t compare = builder.add(Opcode::CmpI, ScalarType::I1,
+                                          {swap ? row() : quotient, swap ? quotient : row()}, below(10), 64);
+      return andGuard(compare, guard);
+    }
+    default: {
+      const int32_t key = keySide(guard, nonNegative);
+      const bool swap = below(2);
+      int32_t compare = builder.add(Opcode::CmpI, ScalarType::I1,
+                                    {swap ? row() : key, swap ? key : row()}, predicateFor(nonNegative), 64);
+      if (below(6) == 0)
+        compare = builder.add(Opcode::XOrI, ScalarType::I1, {compare, builder.add(Opcode::Constant, ScalarType::I1, {}, -1)});
+      return andGuard(compare, guard);
+    }
+    }
+  };
+  auto clause = [&] {
+    int32_t joined = atom();
+    for (int64_t more = below(3); more > 0; --more)
+      joined = builder.add(Opcode::AndI, ScalarType::I1, {joined, atom()});
+    return joined;
+  };
+  int32_t result = clause();
+  for (int64_t more = below(3); more > 0; --more) {
+    if (below(3) == 0) {
+      const int32_t condition = builder.add(Opcode::CmpI, ScalarType::I1, {row(), row()}, below(10), 64);
+      result = builder.add(Opcode::Select, ScalarType::I1, {condition, result, clause()});
+    } else {
+      result = builder.add(Opcode::OrI, ScalarType::I1, {result, clause()});
+    }
+  }
+  program.result = result;
+  return program;
+}
+
+/// How many random interval masks the test checks.
+constexpr int kRandomIntervalMasks = 48;
 
 } // namespace dflex::test
 

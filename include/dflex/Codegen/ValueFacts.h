@@ -58,7 +58,10 @@ std::vector<std::vector<int32_t>> guardsOf(const expr::Program &program);
 /// The range of integer instruction `value` wherever the comparisons
 /// `facts` hold (guardsOf), from the facts that bound it, on non-negative
 /// operands: x - y where x >= y (or x > y) lies in [0, max x - min y], and
-/// a value below (or at most) another is at most that one's maximum.
+/// a value below (or at most) another is at most that one's maximum. An
+/// unsigned order with a non-negative larger side also bounds a smaller
+/// side of any sign (as unsigned, a negative value is above every
+/// non-negative one).
 ValueRange rangeWhere(const expr::Program &program, const std::vector<ValueRange> &range, int32_t value,
                       const std::vector<int32_t> &facts);
 

@@ -13,6 +13,7 @@
 #include "../Conversion/DFlexToProgram/TestUtil.h"
 #include "dflex/Bundle/Specs.h"
 #include "dflex/Codegen/Derivative.h"
+#include "dflex/Codegen/KeyIntervals.h"
 #include "dflex/Codegen/SplitCongruences.h"
 #include "dflex/Codegen/Variant.h"
 
@@ -28,11 +29,13 @@ struct GeneratedVariant {
   float (*scoreMod)(const void *, float, long long, long long, long long, long long);
   float (*scoreModGrad)(const void *, float, long long, long long, long long, long long);
   int (*classifyTile)(const void *, int, int, int, int, int, int, int, int);
+  bool (*keyIntervals)(const void *, long long, long long, long long, long long); // null: none
 };
 struct GeneratedRandomMask {
   int seed;
   size_t size;
   bool (*mask)(const void *, long long, long long, long long, long long);
+  bool (*keyIntervals)(const void *, long long, long long, long long, long long); // null: none
 };
 #include "GeneratedVariants.h"
 #include "../RandomMasks.h"
@@ -67,11 +70,18 @@ RandomCaptures randomCaptures(const codegen::VariantLayout &layout, std::mt19937
   auto uniformFloat = [&](float lo, float hi) {
     return std::uniform_real_distribution<float>(lo, hi)(rng);
   };
+  // Integer scalars are small, or one time in six at the edges of their
+  // type and of the positions (negative, beyond 32 bits, the extremes).
+  static const int64_t kEdges[] = {-1, -300, -(int64_t(1) << 33), INT64_MIN, INT64_MAX, int64_t(1) << 40,
+                                   (int64_t(1) << 31) - 1, int64_t(1) << 31};
+  auto integerScalar = [&] {
+    return uniformInt(0, 5) == 0 ? kEdges[uniformInt(0, std::size(kEdges) - 1)] : uniformInt(0, 120);
+  };
   for (const codegen::CaptureSlot &slot : layout.captures) {
     if (!slot.isTensor) {
       Value v = expr::isFloat(slot.elementType) ? Value::ofFloat(uniformFloat(-4, 4))
                 : slot.elementType == ScalarType::I1 ? Value::ofInt(uniformInt(0, 1) ? -1 : 0)
-                                                     : Value::ofInt(uniformInt(0, 120));
+                                                     : Value::ofInt(integerScalar());
       captures.bound.push_back({slot.name, CaptureValue::ofScalar(v)});
       continue;
     }
@@ -154,9 +164,12 @@ TEST(Codegen, EmittedVariantsMatchTheInterpreter) {
       for (int n = 0; n < 3000; ++n) {
         int64_t b = randomIndex(rng, 4, kLargestHead), h = randomIndex(rng, spec.getNumQHeads(), kLargestHead),
                 q = randomIndex(rng, 700, kLargestPosition), kv = randomIndex(rng, 900, kLargestPosition);
-        ASSERT_EQ(generated.mask(variant.data(), b, h, q, kv),
-                  expr::evaluateMask(mask, b, h, q, kv, maskCaptures, scratch))
+        const bool visible = expr::evaluateMask(mask, b, h, q, kv, maskCaptures, scratch);
+        ASSERT_EQ(generated.mask(variant.data(), b, h, q, kv), visible)
             << "b " << b << " h " << h << " q " << q << " kv " << kv;
+        if (generated.keyIntervals)
+          ASSERT_EQ(generated.keyIntervals(variant.data(), b, h, q, kv), visible)
+              << "key intervals: b " << b << " h " << h << " q " << q << " kv " << kv;
         if (!scoreMod)
           continue;
         std::vector<CaptureValue> modCaptures = captures.ordered(*scoreMod);
@@ -187,11 +200,17 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
   // agreeing with the interpreter on every pair shows each value went to a
   // part that has what it depends on.
   ASSERT_EQ(std::size(kRandomVariants), size_t(test::kRandomMasks));
+  ASSERT_EQ(std::size(kRandomIntervalVariants), size_t(test::kRandomIntervalMasks));
   std::mt19937_64 rng(7);
-  int splitRows = 0, splitColumns = 0, congruences = 0;
-  for (const GeneratedRandomMask &generated : kRandomVariants) {
-    SCOPED_TRACE("random mask " + std::to_string(generated.seed));
-    const expr::Program mask = test::randomMask(generated.seed);
+  int splitRows = 0, splitColumns = 0, congruences = 0, withIntervals = 0;
+  std::vector<std::pair<const GeneratedRandomMask *, expr::Program>> masks;
+  for (const GeneratedRandomMask &generated : kRandomVariants)
+    masks.push_back({&generated, test::randomMask(generated.seed)});
+  for (const GeneratedRandomMask &generated : kRandomIntervalVariants)
+    masks.push_back({&generated, test::randomIntervalMask(generated.seed)});
+  for (const auto &[generatedMask, mask] : masks) {
+    const GeneratedRandomMask &generated = *generatedMask;
+    SCOPED_TRACE(mask.name);
     auto layout = codegen::layoutVariant(mask, nullptr);
     ASSERT_TRUE(layout.ok()) << layout.error();
     ASSERT_EQ(static_cast<size_t>(layout.value().sizeBytes), generated.size);
@@ -199,6 +218,7 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
     splitRows += source.find("struct MaskRow { };") == std::string::npos;
     splitColumns += source.find("struct MaskColumn { };") == std::string::npos;
     congruences += codegen::splitCongruences(mask).rewritten > 0;
+    withIntervals += generated.keyIntervals != nullptr;
     for (int round = 0; round < 4; ++round) {
       RandomCaptures captures = randomCaptures(layout.value(), rng);
       auto bytes = codegen::packVariant(layout.value(), captures.bound, mask, nullptr);
@@ -210,16 +230,66 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
       for (int n = 0; n < 2000; ++n) {
         const int64_t b = randomIndex(rng, 4, kLargestHead), h = randomIndex(rng, 8, kLargestHead),
                       q = randomIndex(rng, 700, kLargestPosition), kv = randomIndex(rng, 900, kLargestPosition);
-        ASSERT_EQ(generated.mask(variant.data(), b, h, q, kv),
-                  expr::evaluateMask(mask, b, h, q, kv, values, scratch))
+        const bool expected = expr::evaluateMask(mask, b, h, q, kv, values, scratch);
+        ASSERT_EQ(generated.mask(variant.data(), b, h, q, kv), expected)
             << "b " << b << " h " << h << " q " << q << " kv " << kv << "\n" << source;
+        if (generated.keyIntervals)
+          ASSERT_EQ(generated.keyIntervals(variant.data(), b, h, q, kv), expected)
+              << "key intervals: b " << b << " h " << h << " q " << q << " kv " << kv << "\n" << source;
       }
     }
   }
   // The bodies exercise the split: most hand values to both parts.
   EXPECT_GT(splitRows, test::kRandomMasks / 2);
   EXPECT_GT(splitColumns, test::kRandomMasks / 2);
-  EXPECT_GE(congruences, 4); // and split congruences (SplitCongruences.h)
+  EXPECT_GE(congruences, 4);                               // split congruences (SplitCongruences.h)
+  EXPECT_GE(withIntervals, test::kRandomIntervalMasks / 3); // key intervals (KeyIntervals.h)
+}
+
+TEST(Codegen, KeyIntervalsKeepTheMask) {
+  // The rewritten program (its result the interval test) against the mask,
+  // with the interpreter, on the examples and the random interval masks;
+  // every interval's first key within 31 bits.
+  std::vector<expr::Program> masks;
+  for (const GeneratedVariant &generated : kGeneratedVariants) {
+    auto loaded = test::LoadedModule::fromFile(generated.file);
+    ASSERT_TRUE(loaded.module);
+    auto spec = mlir::SymbolTable::lookupNearestSymbolFrom<mlir::dflex::AttentionOp>(
+        *loaded.module, mlir::StringAttr::get(loaded.context.get(), generated.spec));
+    ASSERT_TRUE(spec);
+    masks.push_back(loaded.program(spec.getMask()));
+  }
+  for (int seed = 0; seed < test::kRandomIntervalMasks; ++seed)
+    masks.push_back(test::randomIntervalMask(seed));
+  std::mt19937_64 rng(11);
+  int rewritten = 0;
+  for (const expr::Program &mask : masks) {
+    SCOPED_TRACE(mask.name);
+    const codegen::KeyIntervalForm form = codegen::keyIntervals(codegen::splitCongruences(mask).program);
+    ASSERT_EQ(form.first.size(), form.count.size());
+    ASSERT_LE(form.first.size(), size_t(codegen::kMaxKeyIntervals));
+    if (form.first.empty())
+      continue;
+    ++rewritten;
+    auto layout = codegen::layoutVariant(mask, nullptr);
+    ASSERT_TRUE(layout.ok()) << layout.error();
+    for (int round = 0; round < 8; ++round) {
+      RandomCaptures captures = randomCaptures(layout.value(), rng);
+      const std::vector<CaptureValue> values = captures.ordered(mask);
+      std::vector<Value> scratch, intervalScratch;
+      for (int n = 0; n < 1000; ++n) {
+        const int64_t b = randomIndex(rng, 4, kLargestHead), h = randomIndex(rng, 8, kLargestHead),
+                      q = randomIndex(rng, 700, kLargestPosition), kv = randomIndex(rng, 900, kLargestPosition);
+        const Value leading[] = {Value::ofInt(b), Value::ofInt(h), Value::ofInt(q), Value::ofInt(kv)};
+        const bool shown = expr::evaluate(form.program, leading, values, intervalScratch).i != 0;
+        ASSERT_EQ(shown, expr::evaluateMask(mask, b, h, q, kv, values, scratch))
+            << "b " << b << " h " << h << " q " << q << " kv " << kv;
+        for (int32_t first : form.first)
+          ASSERT_GE(intervalScratch[first].i, 0);
+      }
+    }
+  }
+  EXPECT_GE(rewritten, 3 + test::kRandomIntervalMasks / 3); // the DFlash masks, the sliding window
 }
 
 TEST(Codegen, SplitCongruencesKeepTheMaskForEveryDivisor) {

@@ -32,12 +32,27 @@ static FailureOr<::dflex::expr::Program> lower(Operation *spec, FlatSymbolRefAtt
   return program;
 }
 
-// The test's entry to a variant's mask: through its row, column and pair
-// parts, as the kernels' visibility evaluates it.
+// The test's entries to a variant's mask: through its row, column and pair
+// parts, as the kernels' visibility evaluates it, and through its key
+// intervals where it has them (else a null function).
 static const char *const kMaskThroughItsParts =
     "inline bool mask(const void *v, long long b, long long h, long long q, long long kv) {\n"
     "  const ::dflex::kernels::MaskParts<Variant> parts{*static_cast<const Variant *>(v), b, h};\n"
-    "  return parts.pair(parts.row(q), parts.column(kv));\n}\n";
+    "  return parts.pair(parts.row(q), parts.column(kv));\n}\n"
+    "constexpr MaskFunction keyIntervals = keyIntervalsOf<Variant>();\n";
+
+// Once per header: the key-interval entry of a variant type.
+static const char *const kKeyIntervalsOf =
+    "using MaskFunction = bool (*)(const void *, long long, long long, long long, long long);\n"
+    "template <class Variant> constexpr MaskFunction keyIntervalsOf() {\n"
+    "  if constexpr (::dflex::kernels::HasKeyIntervals<Variant>::value)\n"
+    "    return [](const void *v, long long b, long long h, long long q, long long kv) {\n"
+    "      return ::dflex::kernels::in_key_intervals<Variant>(\n"
+    "          static_cast<const Variant *>(v)->key_intervals(b, h, q), static_cast<int>(kv));\n"
+    "    };\n"
+    "  else\n"
+    "    return nullptr;\n"
+    "}\n\n";
 
 int main(int argc, char **argv) {
   if (argc < 3) {
@@ -52,7 +67,8 @@ int main(int argc, char **argv) {
          "#include \"dflex/Expr/Semantics.h\"\n"
          "#define __host__\n#define __device__\n#define __forceinline__ inline\n"
          "#include \"analysis/tile_classify.cuh\"\n"
-         "#include \"attention/variant.cuh\"\n\n";
+         "#include \"attention/variant.cuh\"\n\n"
+      << kKeyIntervalsOf;
   table << "static const GeneratedVariant kGeneratedVariants[] = {\n";
   for (int i = 2; i < argc; ++i) {
     OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(argv[i], &context);
@@ -87,24 +103,33 @@ int main(int argc, char **argv) {
              "} // namespace " << ns << "\n\n";
       table << "    {\"" << argv[i] << "\", \"" << spec.getSymName().str() << "\", sizeof("
             << ns << "::Variant), " << ns << "::mask, " << ns << "::scoreMod, " << ns
-            << "::scoreModGrad, " << ns << "::classifyTile},\n";
+            << "::scoreModGrad, " << ns << "::classifyTile, " << ns << "::keyIntervals},\n";
     }
   }
   table << "};\n";
   // Random bodies (RandomMasks.h), the same seeds the test draws.
-  table << "static const GeneratedRandomMask kRandomVariants[] = {\n";
-  for (int seed = 0; seed < ::dflex::test::kRandomMasks; ++seed) {
-    const ::dflex::expr::Program mask = ::dflex::test::randomMask(seed);
-    auto layout = ::dflex::codegen::layoutVariant(mask, nullptr);
-    if (!layout.ok())
-      return 1;
-    const std::string ns = "random_" + std::to_string(seed);
-    out << "namespace " << ns << " {\n"
-        << ::dflex::codegen::emitVariant("Variant", layout.value(), mask, nullptr) << kMaskThroughItsParts
-        << "} // namespace " << ns << "\n\n";
-    table << "    {" << seed << ", sizeof(" << ns << "::Variant), " << ns << "::mask},\n";
-  }
-  table << "};\n";
+  auto addRandom = [&](const char *tableName, const char *prefix, int count,
+                       ::dflex::expr::Program (*draw)(uint64_t)) {
+    table << "static const GeneratedRandomMask " << tableName << "[] = {\n";
+    for (int seed = 0; seed < count; ++seed) {
+      const ::dflex::expr::Program mask = draw(seed);
+      auto layout = ::dflex::codegen::layoutVariant(mask, nullptr);
+      if (!layout.ok())
+        return false;
+      const std::string ns = prefix + std::to_string(seed);
+      out << "namespace " << ns << " {\n"
+          << ::dflex::codegen::emitVariant("Variant", layout.value(), mask, nullptr) << kMaskThroughItsParts
+          << "} // namespace " << ns << "\n\n";
+      table << "    {" << seed << ", sizeof(" << ns << "::Variant), " << ns << "::mask, " << ns
+            << "::keyIntervals},\n";
+    }
+    table << "};\n";
+    return true;
+  };
+  if (!addRandom("kRandomVariants", "random_", ::dflex::test::kRandomMasks, ::dflex::test::randomMask) ||
+      !addRandom("kRandomIntervalVariants", "random_interval_", ::dflex::test::kRandomIntervalMasks,
+                 ::dflex::test::randomIntervalMask))
+    return 1;
   std::ofstream file(argv[1]);
   file << out.str() << table.str();
   return file ? 0 : 1;
