@@ -112,12 +112,50 @@ DivisorSlot divisorOf(const CongruenceSplit &form, InvariantDivision division, b
   return slot;
 }
 
+/// The launch-invariant values of `form` the per-element code reads, in
+/// program order: invariant instructions computed from a capture or a size
+/// (of constants only, NVRTC folds them), other than captures and sizes
+/// themselves (already members), that a result is, or that a varying
+/// instruction reads other than as a divisor with a slot (that one reads its
+/// magic). Each names a body instruction (`origin`) for packVariant.
+std::vector<int32_t> hoistedInvariants(const CongruenceSplit &form) {
+  const Program &program = form.program;
+  const std::vector<bool> invariant = launchInvariant(program);
+  const std::vector<bool> live = reachesResult(program);
+  std::vector<bool> divisorUse(program.instructions.size(), false); // operand 1 read as a magic
+  for (const InvariantDivision &division : divisionsByInvariants(program))
+    divisorUse[division.instruction] = true;
+  std::vector<bool> read(program.instructions.size(), false);
+  for (int32_t result : {program.result, program.isScoreMod ? program.scoreDerivative : -1})
+    if (result >= 0)
+      read[result] = true;
+  for (size_t n = 0; n < program.instructions.size(); ++n) {
+    if (!live[n] || invariant[n])
+      continue;
+    const std::vector<int32_t> &operands = program.instructions[n].operands;
+    for (size_t k = 0; k < operands.size(); ++k)
+      read[operands[k]] = read[operands[k]] || !(k == 1 && divisorUse[n]);
+  }
+  std::vector<bool> fromLaunch(program.instructions.size(), false); // reads a capture or a size
+  std::vector<int32_t> hoisted;
+  for (size_t n = 0; n < program.instructions.size(); ++n) {
+    const Instruction &inst = program.instructions[n];
+    const bool member = inst.op == Opcode::Capture || inst.op == Opcode::Dim;
+    fromLaunch[n] = member;
+    for (int32_t operand : inst.operands)
+      fromLaunch[n] = fromLaunch[n] || fromLaunch[operand];
+    if (read[n] && invariant[n] && fromLaunch[n] && !member && form.origin[n] >= 0)
+      hoisted.push_back(int32_t(n));
+  }
+  return hoisted;
+}
+
 } // namespace
 
 Result<VariantLayout> layoutVariant(const Program &mask, const Program *scoreMod) {
   VariantLayout layout;
   int offset = 0;
-  auto addDivisors = [&](const Program &body, bool inScoreMod) {
+  auto addLaunchInvariants = [&](const Program &body, bool inScoreMod) {
     const CongruenceSplit form = emittedForm(body);
     for (const InvariantDivision &division : divisionsByInvariants(form.program)) {
       DivisorSlot slot = divisorOf(form, division, inScoreMod);
@@ -132,6 +170,17 @@ Result<VariantLayout> layoutVariant(const Program &mask, const Program *scoreMod
       slot.offsetBytes = offset;
       offset += slot.sizeBytes();
       layout.divisors.push_back(std::move(slot));
+    }
+    for (int32_t n : hoistedInvariants(form)) {
+      InvariantSlot slot;
+      slot.inScoreMod = inScoreMod;
+      slot.instruction = form.origin[n];
+      slot.isFloat = expr::isFloat(form.program.instructions[n].type);
+      slot.field = std::string(inScoreMod ? "score_invariant" : "mask_invariant") +
+                   std::to_string(slot.instruction);
+      slot.offsetBytes = offset;
+      offset += InvariantSlot::kSizeBytes;
+      layout.invariants.push_back(std::move(slot));
     }
   };
   auto addAll = [&](const Program &program) -> Status {
@@ -160,11 +209,11 @@ Result<VariantLayout> layoutVariant(const Program &mask, const Program *scoreMod
   };
   if (Status status = addAll(mask); !status.ok())
     return status;
-  addDivisors(mask, false);
+  addLaunchInvariants(mask, false);
   if (scoreMod) {
     if (Status status = addAll(*scoreMod); !status.ok())
       return status;
-    addDivisors(*scoreMod, true);
+    addLaunchInvariants(*scoreMod, true);
   }
   layout.sizeBytes = offset == 0 ? 8 : offset;
   return layout;
@@ -219,6 +268,10 @@ public:
         if (slot.sameDivisor(wanted))
           divisorField[division.instruction] = {slot.field, slot.wide};
     }
+    for (size_t n = 0; n < program.instructions.size(); ++n)
+      for (const InvariantSlot &slot : layout.invariants)
+        if (slot.inScoreMod == isScoreMod && form.origin[n] >= 0 && slot.instruction == form.origin[n])
+          invariantField[int32_t(n)] = slot.field;
   }
 
   /// A score_mod's statements down to `return <value at result>`.
@@ -301,11 +354,16 @@ private:
   /// The statements of the `wanted` values and of what they are computed
   /// from, in program order.
   /// The instructions that computing the `live` values runs.
+  /// (A hoisted invariant is read from its member, and a divisor with a
+  /// slot from its magic: what computes them is not run.)
   std::vector<bool> computing(std::vector<bool> live) const {
-    for (size_t n = live.size(); n-- > 0;)
-      if (live[n])
-        for (int32_t operand : program.instructions[n].operands)
-          live[operand] = true;
+    for (size_t n = live.size(); n-- > 0;) {
+      if (!live[n] || invariantField.count(int32_t(n)))
+        continue;
+      const std::vector<int32_t> &operands = program.instructions[n].operands;
+      for (size_t k = 0; k < operands.size(); ++k)
+        live[operands[k]] = live[operands[k]] || !(k == 1 && divisorField.count(int32_t(n)));
+    }
     return live;
   }
 
@@ -378,7 +436,9 @@ private:
     auto srcWidth = [&] { return std::to_string(inst.imm2); };
 
     std::string expression;
-    switch (inst.op) {
+    if (const auto hoisted = invariantField.find(n); hoisted != invariantField.end())
+      expression = isFloat ? "slotFloat(" + hoisted->second + ")" : hoisted->second; // packVariant's
+    else switch (inst.op) {
     case Opcode::Argument: {
       static const char *names[] = {"score", "b", "h", "q_idx", "kv_idx"};
       expression = names[inst.imm + (program.isScoreMod ? 0 : 1)];
@@ -497,6 +557,8 @@ private:
   /// The divisions by a launch-invariant divisor: their divisor's member,
   /// and whether it is a wide one.
   std::map<int32_t, std::pair<std::string, bool>> divisorField;
+  /// The hoisted launch-invariant values: their member.
+  std::map<int32_t, std::string> invariantField;
   /// The integer values integerRanges proves within 32 bits.
   std::vector<bool> narrow;
 };
@@ -515,28 +577,39 @@ std::string emitVariant(const std::string &structName,
   out << "  static constexpr bool kHasScoreMod = " << (scoreMod ? "true" : "false") << ";\n";
   if (layout.captures.empty())
     out << "  long long unused_capture_slot;\n";
-  for (const CaptureSlot &slot : layout.captures) {
-    out << "  // capture '" << slot.name << "' at byte " << slot.offsetBytes << "\n";
-    if (slot.isTensor)
-      out << "  ::dflex::sem::Tensor<" << cppElementType(slot.elementType) << ", "
-          << slot.rank << "> " << slot.field << ";\n";
-    else
-      out << "  long long " << slot.field << ";\n";
-  }
   const CongruenceSplit maskForm = emittedForm(mask);
   std::optional<CongruenceSplit> scoreModForm;
   if (scoreMod)
     scoreModForm = emittedForm(*scoreMod);
-  // The emitted value a divisor slot reads (slots name the bodies' values).
-  auto emittedValue = [&](const DivisorSlot &slot) {
-    const std::vector<int32_t> &origin = (slot.inScoreMod ? *scoreModForm : maskForm).origin;
-    return std::find(origin.begin(), origin.end(), slot.instruction) - origin.begin();
+  // The emitted value a slot holds or reads (slots name the bodies' values).
+  auto emittedValue = [&](bool inScoreMod, int32_t instruction) {
+    const std::vector<int32_t> &origin = (inScoreMod ? *scoreModForm : maskForm).origin;
+    return std::find(origin.begin(), origin.end(), instruction) - origin.begin();
   };
+  // The members in the layout's byte order (the mask's captures, divisors
+  // and invariants before the score_mod's), so the struct is the layout.
+  std::map<int, std::string> members;
+  for (const CaptureSlot &slot : layout.captures)
+    members[slot.offsetBytes] =
+        "  // capture '" + slot.name + "' at byte " + std::to_string(slot.offsetBytes) + "\n" +
+        (slot.isTensor ? "  ::dflex::sem::Tensor<" + std::string(cppElementType(slot.elementType)) + ", " +
+                             std::to_string(slot.rank) + "> "
+                       : std::string("  long long ")) +
+        slot.field + ";\n";
   for (const DivisorSlot &slot : layout.divisors)
-    out << "  // divisor: " << (slot.inScoreMod ? "score_mod" : "mask") << " value v" << emittedValue(slot)
-        << ", " << (slot.isSigned ? "signed" : slot.wide ? "unsigned, any numerator," : "unsigned") << " at "
-        << slot.width << " bits, byte " << slot.offsetBytes << "\n"
-        << "  ::dflex::sem::" << (slot.wide ? "WideUDivisor " : "UDivisor ") << slot.field << ";\n";
+    members[slot.offsetBytes] =
+        std::string("  // divisor: ") + (slot.inScoreMod ? "score_mod" : "mask") + " value v" +
+        std::to_string(emittedValue(slot.inScoreMod, slot.instruction)) + ", " +
+        (slot.isSigned ? "signed" : slot.wide ? "unsigned, any numerator," : "unsigned") + " at " +
+        std::to_string(slot.width) + " bits, byte " + std::to_string(slot.offsetBytes) + "\n  ::dflex::sem::" +
+        (slot.wide ? "WideUDivisor " : "UDivisor ") + slot.field + ";\n";
+  for (const InvariantSlot &slot : layout.invariants)
+    members[slot.offsetBytes] = std::string("  // launch-invariant ") + (slot.inScoreMod ? "score_mod" : "mask") +
+                                " value v" + std::to_string(emittedValue(slot.inScoreMod, slot.instruction)) +
+                                ", computed at launch, byte " + std::to_string(slot.offsetBytes) +
+                                "\n  long long " + slot.field + ";\n";
+  for (const auto &[offset, member] : members)
+    out << member;
   BodyEmitter(out, maskForm, layout, false).emitSplitMask(maskForm.program.result);
   if (KeyIntervalForm intervals = keyIntervals(maskForm.program); !intervals.first.empty()) {
     CongruenceSplit intervalForm;
@@ -604,18 +677,20 @@ Result<std::vector<uint8_t>> packVariant(const VariantLayout &layout,
       put(slot.offsetBytes + 8 * (1 + slot.rank + d), value.strides[d]);
     }
   }
-  // The divisors: each program's launch-invariant values, from its scalar
-  // captures and tensor sizes (every other instruction stands in as 0, so
-  // no element is read).
+  // The divisors and hoisted invariants: each program's launch-invariant
+  // values, from its scalar captures and tensor sizes (every other
+  // instruction stands in as 0, so no element is read).
   for (const bool inScoreMod : {false, true}) {
     const Program *program = inScoreMod ? scoreMod : &mask;
     bool wanted = false;
     for (const DivisorSlot &slot : layout.divisors)
       wanted = wanted || slot.inScoreMod == inScoreMod;
+    for (const InvariantSlot &slot : layout.invariants)
+      wanted = wanted || slot.inScoreMod == inScoreMod;
     if (!wanted)
       continue;
     if (!program)
-      return Status::failure("the layout has score_mod divisors but no score_mod was given");
+      return Status::failure("the layout has score_mod launch invariants but no score_mod was given");
     Program invariants = *program;
     const std::vector<bool> invariant = launchInvariant(*program);
     for (size_t n = 0; n < invariants.instructions.size(); ++n)
@@ -649,6 +724,11 @@ Result<std::vector<uint8_t>> packVariant(const VariantLayout &layout,
         put(slot.offsetBytes, static_cast<int64_t>(divisor.divisor));
         put(slot.offsetBytes + 8, static_cast<int64_t>(divisor.packed));
       }
+    for (const InvariantSlot &slot : layout.invariants)
+      if (slot.inScoreMod == inScoreMod) {
+        const expr::Value &value = results.at(size_t(slot.instruction));
+        put(slot.offsetBytes, slot.isFloat ? static_cast<int64_t>(sem::floatBits(value.f)) : value.i);
+      }
   }
   return bytes;
 }
@@ -668,18 +748,30 @@ JsonValue toJson(const VariantLayout &layout) {
     captures.push(std::move(c));
   }
   json["captures"] = std::move(captures);
+  // A value the host computes at launch: which program's instruction, where.
+  auto launchValue = [](bool inScoreMod, int32_t instruction, int offsetBytes) {
+    JsonValue value = JsonValue::object();
+    value["program"] = inScoreMod ? "score_mod" : "mask";
+    value["instruction"] = instruction;
+    value["offset_bytes"] = offsetBytes;
+    return value;
+  };
   JsonValue divisors = JsonValue::array();
   for (const DivisorSlot &slot : layout.divisors) {
-    JsonValue d = JsonValue::object();
-    d["program"] = slot.inScoreMod ? "score_mod" : "mask";
-    d["instruction"] = slot.instruction;
+    JsonValue d = launchValue(slot.inScoreMod, slot.instruction, slot.offsetBytes);
     d["width"] = slot.width;
     d["signed"] = slot.isSigned;
     d["wide"] = slot.wide;
-    d["offset_bytes"] = slot.offsetBytes;
     divisors.push(std::move(d));
   }
   json["divisors"] = std::move(divisors);
+  JsonValue invariants = JsonValue::array();
+  for (const InvariantSlot &slot : layout.invariants) {
+    JsonValue v = launchValue(slot.inScoreMod, slot.instruction, slot.offsetBytes);
+    v["float"] = slot.isFloat;
+    invariants.push(std::move(v));
+  }
+  json["invariants"] = std::move(invariants);
   return json;
 }
 

@@ -11,8 +11,13 @@
 // a multiplication by a magic number the host computes at launch instead of
 // a division per element: sem::UDivisor (two slots) where the numerator is
 // proven below 2^32 (signed or unsigned), sem::WideUDivisor (three slots) for
-// other unsigned numerators. The mask's slots (captures, then divisors) come
-// first, so a mask-only layout is a prefix of the full one.
+// other unsigned numerators; then one per hoisted launch-invariant value
+// (`VariantLayout::invariants`): a value computed from captures and tensor
+// sizes only that per-element code reads (a log of a captured scalar, a
+// product of two captures) is computed once on the host at launch, so the
+// kernels neither recompute it per element nor carry its code. The mask's
+// slots (captures, divisors, invariants) come first, so a mask-only layout
+// is a prefix of the full one.
 //
 //===----------------------------------------------------------------------===//
 
@@ -59,9 +64,22 @@ struct DivisorSlot {
   }
 };
 
+/// A hoisted launch-invariant value: instruction `instruction` of the mask
+/// (or of the score_mod), as its 8-byte pattern (an integer sign-extended,
+/// a float's bits).
+struct InvariantSlot {
+  bool inScoreMod = false;
+  int32_t instruction = 0;
+  bool isFloat = false;
+  std::string field;
+  int offsetBytes = 0;
+  static constexpr int kSizeBytes = 8;
+};
+
 struct VariantLayout {
   std::vector<CaptureSlot> captures;
   std::vector<DivisorSlot> divisors;
+  std::vector<InvariantSlot> invariants;
   int sizeBytes = 8; // never empty: a variant without captures holds one unused slot
   const CaptureSlot *find(const std::string &name) const;
 };
@@ -89,8 +107,9 @@ struct BoundCapture {
 /// The bytes of a variant struct of `layout` holding `captures` (each
 /// capture of the layout exactly once, with its declared rank and element
 /// type; scalars as their sign-extended value, f32 as its bit pattern) and
-/// its divisors, evaluated from the scalar captures and tensor sizes of the
-/// programs the layout was made from (never reading tensor data).
+/// its divisors and hoisted invariants, evaluated from the scalar captures
+/// and tensor sizes of the programs the layout was made from (never reading
+/// tensor data).
 Result<std::vector<uint8_t>> packVariant(const VariantLayout &layout,
                                          const std::vector<BoundCapture> &captures,
                                          const expr::Program &mask,

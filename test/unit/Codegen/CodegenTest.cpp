@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 struct GeneratedVariant {
   const char *file;
@@ -131,7 +132,7 @@ constexpr int64_t kLargestHead = bundle::kMaxAttentionBatchOrHeads;
 constexpr int64_t kLargestPosition = bundle::kMaxAttentionLength + (1 << 16) - 1;
 
 TEST(Codegen, EmittedVariantsMatchTheInterpreter) {
-  ASSERT_GT(std::size(kGeneratedVariants), 9u); // every example attention spec
+  ASSERT_GT(std::size(kGeneratedVariants), 10u); // every example attention spec and the test specs
   std::mt19937_64 rng(42);
   for (const GeneratedVariant &generated : kGeneratedVariants) {
     SCOPED_TRACE(std::string(generated.file) + " @" + generated.spec);
@@ -633,6 +634,60 @@ TEST(Codegen, DivisionsByLaunchInvariantsGetADivisorSlot) {
   EXPECT_EQ(divisor.divisor, uint64_t(-3));
   for (int64_t a : {int64_t(-1), int64_t(-3), int64_t(-4), INT64_MIN, int64_t(5)})
     EXPECT_EQ(sem::divuiWideBy(a, divisor, 64), sem::divui(a, -3, 64)) << a;
+}
+
+TEST(Codegen, LaunchInvariantValuesAreComputedOnTheHost) {
+  // The window (a product of captures), the scale (a log of a size over a
+  // captured float) and the score_mod's derivative (the scale again, as the
+  // derivative program computes it) become members the host fills; the
+  // kernels keep no multiplication of the captures and no log. The emitted
+  // variant against the interpreter: EmittedVariantsMatchTheInterpreter.
+  auto loaded = test::LoadedModule::fromFile(std::string(DFLEX_CODEGEN_TEST_DIR) + "/launch_invariants.mlir");
+  ASSERT_TRUE(loaded.module);
+  expr::Program mask = loaded.program("scaled_window");
+  expr::Program scoreMod = loaded.program("log_scaled");
+  ASSERT_TRUE(codegen::appendScoreDerivative(scoreMod).ok());
+  auto layout = codegen::layoutVariant(mask, &scoreMod);
+  ASSERT_TRUE(layout.ok()) << layout.error();
+  const codegen::VariantLayout &slots = layout.value();
+  ASSERT_EQ(slots.invariants.size(), 3u);
+  const codegen::InvariantSlot &window = slots.invariants[0], &scale = slots.invariants[1],
+                               &derivative = slots.invariants[2];
+  EXPECT_FALSE(window.inScoreMod);
+  EXPECT_FALSE(window.isFloat);
+  EXPECT_TRUE(scale.inScoreMod && scale.isFloat);
+  EXPECT_EQ(derivative.instruction, scoreMod.scoreDerivative);
+  ASSERT_EQ(slots.divisors.size(), 2u) << "the bias row and column are remainders by sizes";
+  // Mask slots first: its captures, then its invariant; the score_mod's after.
+  EXPECT_EQ(window.offsetBytes, 16);
+  EXPECT_LT(window.offsetBytes, slots.find("temperature")->offsetBytes);
+  EXPECT_EQ(derivative.offsetBytes + codegen::InvariantSlot::kSizeBytes, slots.sizeBytes);
+
+  const std::string source = codegen::emitVariant("Invariants", slots, mask, &scoreMod);
+  EXPECT_EQ(source.find("logf_("), std::string::npos) << source;
+  EXPECT_EQ(source.find("muli("), std::string::npos) << source;
+  EXPECT_NE(source.find("slotFloat(" + scale.field + ")"), std::string::npos) << source;
+  EXPECT_NE(source.find("return v" + std::to_string(derivative.instruction) + ";"), std::string::npos) << source;
+
+  for (const auto &[span, stride, temperature] :
+       {std::tuple{int64_t(48), int64_t(3), 0.5f}, std::tuple{int64_t(-5), INT64_MAX, -2.0f}}) {
+    std::vector<float> table(6 * 7, 0.0f);
+    auto bytes = codegen::packVariant(slots,
+                                      {{"span", CaptureValue::ofScalar(Value::ofInt(span))},
+                                       {"stride", CaptureValue::ofScalar(Value::ofInt(stride))},
+                                       {"temperature", CaptureValue::ofScalar(Value::ofFloat(temperature))},
+                                       {"table", CaptureValue::ofTensor(table.data(), ScalarType::F32, {6, 7})}},
+                                      mask, &scoreMod);
+    ASSERT_TRUE(bytes.ok()) << bytes.error();
+    int64_t packedWindow;
+    uint32_t packedScale, packedDerivative;
+    std::memcpy(&packedWindow, bytes.value().data() + window.offsetBytes, 8);
+    std::memcpy(&packedScale, bytes.value().data() + scale.offsetBytes, 4);
+    std::memcpy(&packedDerivative, bytes.value().data() + derivative.offsetBytes, 4);
+    EXPECT_EQ(packedWindow, sem::muli(span, stride, 64)) << "the product wraps as on the GPU";
+    EXPECT_EQ(packedScale, sem::floatBits(sem::divf(sem::logf_(42.0f, 0), temperature, 0)));
+    EXPECT_EQ(packedDerivative, packedScale);
+  }
 }
 
 TEST(Codegen, WideDivisorsDivideEveryNumeratorExactly) {
