@@ -51,6 +51,13 @@ Status replaceDirectory(const fs::path &staging, const fs::path &directory) {
 
 } // namespace
 
+const BinaryPart *ModuleBinary::partOf(const std::string &expression) const {
+  for (const BinaryPart &part : parts)
+    if (!part.binary.loweredName(expression).empty())
+      return &part;
+  return nullptr;
+}
+
 Status writeBundle(const std::string &directory, const std::string &sourcePath,
                    const std::string &sourceText, const std::vector<std::string> &archs,
                    const std::vector<CompiledModule> &modules) {
@@ -102,13 +109,14 @@ Status writeBundle(const std::string &directory, const std::string &sourcePath,
         k["required_target"] = role.requiredTarget;
       // The archs whose binaries have the kernel.
       JsonValue perArch = JsonValue::object();
-      for (const compile::ArchBinary &binary : module.binaries) {
-        if (!buildsFor(kernel.role, binary.arch))
+      for (const ModuleBinary &binary : module.binaries) {
+        const BinaryPart *part = binary.partOf(kernel.nameExpression);
+        if (!part)
           continue;
         JsonValue a = JsonValue::object();
-        std::string lowered = binary.loweredName(kernel.nameExpression);
+        std::string lowered = part->binary.loweredName(kernel.nameExpression);
         a["lowered_name"] = lowered;
-        if (const compile::KernelResources *resources = binary.findKernel(lowered))
+        if (const compile::KernelResources *resources = part->binary.findKernel(lowered))
           a["resources"] = resourcesJson(*resources);
         perArch[binary.arch] = std::move(a);
       }
@@ -118,22 +126,28 @@ Status writeBundle(const std::string &directory, const std::string &sourcePath,
     m["kernels"] = std::move(kernels);
 
     JsonValue binaries = JsonValue::object();
-    for (size_t i = 0; i < module.binaries.size(); ++i) {
-      const compile::ArchBinary &binary = module.binaries[i];
-      JsonValue b = JsonValue::object();
-      std::string ptxFile = base + "." + binary.arch + ".ptx";
-      status = write(staging / ptxFile, binary.ptx);
-      b["ptx"] = ptxFile;
-      b["ptx_sha256"] = Sha256::hexDigest(binary.ptx);
-      if (status.ok() && !binary.cubin.empty()) {
-        std::string cubinFile = base + "." + binary.arch + ".cubin";
-        status = write(staging / cubinFile, binary.cubin);
-        b["cubin"] = cubinFile;
-        b["cubin_sha256"] = Sha256::hexDigest(binary.cubin);
+    for (const ModuleBinary &binary : module.binaries) {
+      JsonValue parts = JsonValue::object();
+      for (const BinaryPart &part : binary.parts) {
+        JsonValue p = JsonValue::object();
+        const std::string stem = base + "." + binary.arch + "." + part.name;
+        status = write(staging / (stem + ".ptx"), part.binary.ptx);
+        p["ptx"] = stem + ".ptx";
+        p["ptx_sha256"] = Sha256::hexDigest(part.binary.ptx);
+        if (status.ok() && !part.binary.cubin.empty()) {
+          status = write(staging / (stem + ".cubin"), part.binary.cubin);
+          p["cubin"] = stem + ".cubin";
+          p["cubin_sha256"] = Sha256::hexDigest(part.binary.cubin);
+        }
+        p["cache_key"] = part.cacheKey;
+        parts[part.name] = std::move(p);
+        if (!status.ok())
+          break;
       }
-      b["cache_key"] = module.cacheKeys[i];
+      JsonValue b = JsonValue::object();
+      b["parts"] = std::move(parts);
       JsonValue launch = JsonValue::object();
-      for (const auto &[symbol, values] : module.launch[i]) {
+      for (const auto &[symbol, values] : binary.launch) {
         JsonValue entry = JsonValue::object();
         for (const auto &[name, value] : values)
           entry[name] = value;

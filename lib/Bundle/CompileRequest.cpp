@@ -9,7 +9,7 @@ namespace dflex::bundle {
 
 compile::CompileRequest compileRequest(const std::string &moduleName, const std::string &source,
                                        const std::vector<ModuleKernel> &kernels,
-                                       const std::string &arch) {
+                                       const std::string &arch, const std::string &part) {
   compile::CompileRequest request;
   request.source = source;
   request.programName = moduleName + ".cu";
@@ -17,9 +17,8 @@ compile::CompileRequest compileRequest(const std::string &moduleName, const std:
   request.options = {"-std=c++17"};
   for (const EmbeddedHeader &header : kernelHeaders())
     request.headers.push_back({header.name, header.contents});
-  for (const ModuleKernel &kernel : kernels)
-    if (buildsFor(kernel.role, arch))
-      request.nameExpressions.push_back(kernel.nameExpression);
+  for (const ModuleKernel &kernel : partKernels(kernels, arch, part))
+    request.nameExpressions.push_back(kernel.nameExpression);
   return request;
 }
 
@@ -36,6 +35,15 @@ Result<LaunchValues> readLaunchValues(const compile::ArchBinary &binary,
       launch[info.symbol][info.names[i]] = values.value()[i];
   }
   return launch;
+}
+
+Status mergeLaunchValues(LaunchValues &binary, const LaunchValues &part) {
+  for (const auto &[symbol, values] : part) {
+    auto [entry, added] = binary.try_emplace(symbol, values);
+    if (!added && entry->second != values)
+      return Status::failure(std::string("parts of one binary differ in their ") + symbol);
+  }
+  return Status::success();
 }
 
 Status checkSharedMemory(compile::CompileRequest request, const std::vector<ModuleKernel> &kernels,

@@ -32,12 +32,12 @@ using bundle::KernelRole;
 /// The attention kernels of one spec in the binary of one device: the
 /// portable ones and, in sm_90a binaries, the Hopper ones.
 struct LoadedAttention {
-  std::unique_ptr<CudaModule> module;
-  std::map<KernelRole, CUfunction> functions;
+  std::vector<std::unique_ptr<CudaModule>> modules; // one per part of the binary
+  std::map<KernelRole, CudaKernel> kernels;
 
-  CUfunction function(KernelRole role) const {
-    auto found = functions.find(role);
-    if (found == functions.end())
+  const CudaKernel &kernel(KernelRole role) const {
+    auto found = kernels.find(role);
+    if (found == kernels.end())
       throw CudaError(std::string("dflex attention: the loaded binary has no kernel '") +
                       bundle::roleName(role) + "'");
     return found->second;
@@ -99,13 +99,19 @@ std::unique_ptr<LoadedAttention> loadAttention(const KernelBundle &bundle,
                       ") allows " + std::to_string(device.maxSharedMemoryPerBlockOptin));
 
   auto loaded = std::make_unique<LoadedAttention>();
-  loaded->module = std::make_unique<CudaModule>(driver, ordinal, image.image, image.label);
+  std::map<KernelRole, const CudaModule *> moduleOf;
+  for (const KernelImage::Part &part : image.parts) {
+    loaded->modules.push_back(std::make_unique<CudaModule>(driver, ordinal, part.image, part.label));
+    for (KernelRole role : part.roles)
+      moduleOf[role] = loaded->modules.back().get();
+  }
   CudaPrimaryContextGuard context(driver, ordinal);
   for (const Launch &entry : launches) {
     auto lowered = image.loweredNames.find(entry.role);
     if (!entry.launch || lowered == image.loweredNames.end())
       continue;
-    const CUfunction function = loaded->module->function(lowered->second);
+    const CudaModule *module = moduleOf.at(entry.role);
+    const CUfunction function = module->function(lowered->second);
     const int64_t threads = entry.rowKernel ? entry.launch->rowKernelThreads : entry.launch->threads;
     const int64_t sharedBytes = entry.rowKernel ? 0 : entry.launch->sharedBytes;
     int maxThreads = 0;
@@ -121,7 +127,7 @@ std::unique_ptr<LoadedAttention> loadAttention(const KernelBundle &bundle,
                                           CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                           static_cast<int>(sharedBytes)),
                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-    loaded->functions[entry.role] = function;
+    loaded->kernels[entry.role] = {module, function};
   }
   return loaded;
 }
@@ -266,11 +272,11 @@ AttentionOutputs cudaForward(const KernelBundle &bundle, const AttentionKernelSp
   params.tiles = tileView(tiles);
   std::vector<uint8_t> variant = captures.packDevice(spec);
   void *arguments[] = {&params, variant.data()};
-  loaded.module->launch(loaded.function(familyRole(KernelRole::AttentionForward, plan.forward)),
-                        {ceilDiv(p.queryLength, launch.blockM), static_cast<unsigned>(p.qHeads),
-                         static_cast<unsigned>(p.batch)},
-                        {static_cast<unsigned>(launch.threads), 1, 1},
-                        static_cast<unsigned>(launch.sharedBytes), currentStream(q), arguments);
+  loaded.kernel(familyRole(KernelRole::AttentionForward, plan.forward))
+      .launch({ceilDiv(p.queryLength, launch.blockM), static_cast<unsigned>(p.qHeads),
+               static_cast<unsigned>(p.batch)},
+              {static_cast<unsigned>(launch.threads), 1, 1},
+              static_cast<unsigned>(launch.sharedBytes), currentStream(q), arguments);
   return outputs;
 }
 
@@ -339,17 +345,16 @@ AttentionGrads cudaBackward(const KernelBundle &bundle, const AttentionKernelSpe
   const LaunchExtent rowBlock{static_cast<unsigned>(launch.rowKernelThreads), 1, 1};
   void *rowArguments[] = {&params};
   void *arguments[] = {&params, variant.data()};
-  const CUfunction preprocess =
-      loaded.function(familyRole(KernelRole::AttentionBackwardPreprocess, plan.backward));
-  const CUfunction main = loaded.function(familyRole(KernelRole::AttentionBackward, plan.backward));
-  const CUfunction gradQ = loaded.function(familyRole(KernelRole::AttentionBackwardGradQ, plan.backward));
-  loaded.module->launch(preprocess, rowGrid, rowBlock, 0, stream, rowArguments);
-  loaded.module->launch(main,
-                        {ceilDiv(p.keyLength, launch.blockN), static_cast<unsigned>(p.kvHeads),
-                         static_cast<unsigned>(p.batch)},
-                        {static_cast<unsigned>(launch.threads), 1, 1},
-                        static_cast<unsigned>(launch.sharedBytes), stream, arguments);
-  loaded.module->launch(gradQ, rowGrid, rowBlock, 0, stream, rowArguments);
+  const CudaKernel &preprocess =
+      loaded.kernel(familyRole(KernelRole::AttentionBackwardPreprocess, plan.backward));
+  const CudaKernel &main = loaded.kernel(familyRole(KernelRole::AttentionBackward, plan.backward));
+  const CudaKernel &gradQ = loaded.kernel(familyRole(KernelRole::AttentionBackwardGradQ, plan.backward));
+  preprocess.launch(rowGrid, rowBlock, 0, stream, rowArguments);
+  main.launch({ceilDiv(p.keyLength, launch.blockN), static_cast<unsigned>(p.kvHeads),
+               static_cast<unsigned>(p.batch)},
+              {static_cast<unsigned>(launch.threads), 1, 1},
+              static_cast<unsigned>(launch.sharedBytes), stream, arguments);
+  gradQ.launch(rowGrid, rowBlock, 0, stream, rowArguments);
   return grads;
 }
 

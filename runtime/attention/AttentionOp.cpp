@@ -526,7 +526,7 @@ AttentionKernelPlan planAttentionKernels(const KernelBundle &bundle, const Atten
   const std::string specific = plain + "a";
   auto hasCubin = [&](const std::string &arch) {
     auto found = spec.binaries.find(arch);
-    return found != spec.binaries.end() && !found->second.cubinFile.empty();
+    return found != spec.binaries.end() && found->second.hasCubins();
   };
   AttentionKernelPlan plan;
   // The arch-specific binary holds the portable kernels too.

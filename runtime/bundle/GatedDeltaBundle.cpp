@@ -128,11 +128,8 @@ std::shared_ptr<const GatedDeltaBundle> GatedDeltaBundle::openCached(const std::
   }
   for (const GatedDeltaKernelSpec &spec : bundle->specs_) {
     files->readVerified(spec.sourceFile, spec.sourceSha256);
-    for (const auto &[arch, binary] : spec.binaries) {
-      files->readVerified(binary.ptxFile, binary.ptxSha256);
-      if (!binary.cubinFile.empty())
-        files->readVerified(binary.cubinFile, binary.cubinSha256);
-    }
+    for (const auto &[arch, binary] : spec.binaries)
+      files->verifyBinary(binary);
   }
   entry = bundle;
   return entry;
@@ -153,19 +150,12 @@ KernelImage GatedDeltaBundle::kernelImage(const GatedDeltaKernelSpec &spec,
                                           const std::string &arch) const {
   for (const std::string &candidate : {arch, arch + "a"}) {
     auto found = spec.binaries.find(candidate);
-    if (found == spec.binaries.end() || found->second.cubinFile.empty())
-      continue;
-    KernelImage image;
-    image.image = files_->readVerified(found->second.cubinFile, found->second.cubinSha256);
-    image.arch = candidate;
-    image.label = files_->path(found->second.cubinFile);
-    for (const BundleKernel &kernel : spec.kernels)
-      image.loweredNames[kernel.role] = kernel.loweredNames.at(candidate);
-    return image;
+    if (found != spec.binaries.end() && found->second.hasCubins())
+      return files_->binaryImage(found->second, spec.kernels);
   }
   std::string archs;
   for (const auto &[name, binary] : spec.binaries)
-    if (!binary.cubinFile.empty())
+    if (binary.hasCubins())
       archs += (archs.empty() ? "" : ", ") + name;
   throw FormatError("kernel bundle " + directory() + ": gated-delta spec '" + spec.name +
                     "' has no cubin for " + arch + " (it has: " + (archs.empty() ? "none" : archs) +

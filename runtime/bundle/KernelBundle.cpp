@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <future>
 #include <mutex>
 
 namespace dflex::runtime {
@@ -293,11 +294,8 @@ std::shared_ptr<const KernelBundle> KernelBundle::open(const std::string &direct
   // Every listed file must be there and intact.
   for (const AttentionKernelSpec &spec : bundle->attention_) {
     bundle->readVerified(spec.sourceFile, spec.sourceSha256);
-    for (const auto &[arch, binary] : spec.binaries) {
-      bundle->readVerified(binary.ptxFile, binary.ptxSha256);
-      if (!binary.cubinFile.empty())
-        bundle->readVerified(binary.cubinFile, binary.cubinSha256);
-    }
+    for (const auto &[arch, binary] : spec.binaries)
+      bundle->verifyBinary(binary);
   }
   return bundle;
 }
@@ -345,19 +343,45 @@ std::shared_ptr<const KernelBundle> KernelBundle::openCached(const std::string &
   return spelled.bundle;
 }
 
+bool BundleBinary::hasCubins() const {
+  for (const auto &[name, part] : parts)
+    if (part.cubinFile.empty())
+      return false;
+  return !parts.empty();
+}
+
+void KernelBundle::verifyBinary(const BundleBinary &binary) const {
+  for (const auto &[name, part] : binary.parts) {
+    readVerified(part.ptxFile, part.ptxSha256);
+    if (!part.cubinFile.empty())
+      readVerified(part.cubinFile, part.cubinSha256);
+  }
+}
+
+KernelImage KernelBundle::binaryImage(const BundleBinary &binary,
+                                      const std::vector<BundleKernel> &kernels) const {
+  KernelImage image;
+  image.arch = binary.arch;
+  for (const auto &[name, files] : binary.parts) {
+    KernelImage::Part part;
+    part.image = readVerified(files.cubinFile, files.cubinSha256);
+    part.label = path(files.cubinFile);
+    image.label += (image.label.empty() ? "" : ", ") + part.label;
+    for (const BundleKernel &kernel : kernels)
+      if (bundle::kernelRole(kernel.role).part == name && kernel.loweredNames.count(binary.arch)) {
+        part.roles.push_back(kernel.role);
+        image.loweredNames[kernel.role] = kernel.loweredNames.at(binary.arch);
+      }
+    image.parts.push_back(std::move(part));
+  }
+  return image;
+}
+
 KernelImage KernelBundle::kernelImage(const AttentionKernelSpec &spec,
                                       const std::string &arch) const {
   if (auto found = spec.binaries.find(arch);
-      found != spec.binaries.end() && !found->second.cubinFile.empty()) {
-    KernelImage image;
-    image.image = readVerified(found->second.cubinFile, found->second.cubinSha256);
-    image.arch = arch;
-    image.label = path(found->second.cubinFile);
-    for (const BundleKernel &kernel : spec.kernels)
-      if (auto lowered = kernel.loweredNames.find(arch); lowered != kernel.loweredNames.end())
-        image.loweredNames[kernel.role] = lowered->second;
-    return image;
-  }
+      found != spec.binaries.end() && found->second.hasCubins())
+    return binaryImage(found->second, spec.kernels);
   const CompiledAttention &compiled = compiledAttention(spec, arch);
   // The kernels are launched with the manifest's constants for `arch` where
   // it has them: they must be the compiled ones.
@@ -390,49 +414,72 @@ KernelBundle::compiledAttention(const AttentionKernelSpec &spec, const std::stri
   if (slot)
     return *slot;
 
-  const compile::CompileRequest request = bundle::compileRequest(
-      spec.name, readVerified(spec.sourceFile, spec.sourceSha256), kernels, arch);
+  const std::string source = readVerified(spec.sourceFile, spec.sourceSha256);
   cache::CacheConfig config;
   config.warningSink = cache::stderrWarningSink();
   cache::KernelCache kernelCache(config);
-  Result<std::vector<compile::ArchBinary>> binaries =
-      compile::compileCached(request, kernelCache, bundle::kTemplateVersion);
-  if (!binaries.ok())
-    throw FormatError("kernel bundle " + directory_ + ": spec '" + spec.name +
-                      "' has no binary for " + arch + " and compiling its source " +
-                      spec.sourceFile + " failed: " + binaries.error());
-  compile::ArchBinary &binary = binaries.value().front();
+  // The parts compile side by side, as in dflex-compile.
+  const std::vector<std::string> parts = bundle::partsOf(kernels, arch);
+  std::vector<compile::CompileRequest> requests;
+  std::vector<std::future<Result<std::vector<compile::ArchBinary>>>> compiles;
+  for (const std::string &part : parts)
+    requests.push_back(bundle::compileRequest(spec.name, source, kernels, arch, part));
+  for (const compile::CompileRequest &request : requests)
+    compiles.push_back(std::async(std::launch::async, [&request, &kernelCache] {
+      return compile::compileCached(request, kernelCache, bundle::kTemplateVersion);
+    }));
+
   auto compiled = std::make_unique<CompiledAttention>();
   KernelImage &image = compiled->image;
   image.arch = arch;
   image.label = path(spec.sourceFile) + " (compiled for " + arch + ")";
   image.compiled = true;
-  if (binary.cubin.empty())
-    throw FormatError(image.label + ": NVRTC gave no cubin for " + arch);
-  for (const bundle::ModuleKernel &kernel : kernels) {
-    if (!bundle::buildsFor(kernel.role, arch))
+  bundle::LaunchValues launch;
+  std::string failure;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    Result<std::vector<compile::ArchBinary>> binaries = compiles[i].get();
+    if (!failure.empty())
+      continue; // the remaining compiles are still waited for
+    if (!binaries.ok()) {
+      failure = "kernel bundle " + directory_ + ": spec '" + spec.name + "' has no binary for " +
+                arch + " and compiling its source " + spec.sourceFile + " failed: " +
+                binaries.error();
       continue;
-    std::string lowered = binary.loweredName(kernel.nameExpression);
-    if (lowered.empty())
-      throw FormatError(image.label + ": NVRTC gave no lowered name for " + kernel.nameExpression);
-    image.loweredNames[kernel.role] = lowered;
+    }
+    compile::ArchBinary &binary = binaries.value().front();
+    const std::string label = image.label + " (" + parts[i] + ")";
+    if (binary.cubin.empty()) {
+      failure = label + ": NVRTC gave no cubin for " + arch;
+      continue;
+    }
+    KernelImage::Part part{std::move(binary.cubin), label, {}};
+    const std::vector<bundle::ModuleKernel> partKernels = bundle::partKernels(kernels, arch, parts[i]);
+    for (const bundle::ModuleKernel &kernel : partKernels) {
+      std::string lowered = binary.loweredName(kernel.nameExpression);
+      if (lowered.empty())
+        failure = label + ": NVRTC gave no lowered name for " + kernel.nameExpression;
+      image.loweredNames[kernel.role] = lowered;
+      part.roles.push_back(kernel.role);
+    }
+    // The launch constants of the compile, checked as the manifest's are,
+    // and what dflex-compile checks for its binaries: static plus dynamic
+    // shared memory within the arch's limit.
+    Result<bundle::LaunchValues> values = bundle::readLaunchValues(binary, partKernels);
+    Status status = values.ok() ? bundle::mergeLaunchValues(launch, values.value()) : values.status();
+    if (status.ok())
+      status = bundle::checkSharedMemory(requests[i], partKernels, values.value(), binary);
+    if (!status.ok())
+      failure = label + ": " + status.message();
+    image.parts.push_back(std::move(part));
   }
-  // The launch constants of the compile, checked as the manifest's are.
-  Result<bundle::LaunchValues> launch = bundle::readLaunchValues(binary, kernels);
-  if (!launch.ok())
-    throw FormatError(image.label + ": " + launch.error());
+  if (!failure.empty())
+    throw FormatError(failure);
   JsonValue launchJson = JsonValue::object();
-  for (const auto &[symbol, values] : launch.value())
+  for (const auto &[symbol, values] : launch)
     for (const auto &[name, value] : values)
       launchJson[symbol][name] = value;
   compiled->launches =
       parseLaunches(JsonObject(launchJson, image.label + ": launch constants"), spec, arch);
-  // What dflex-compile checks for its binaries: static plus dynamic shared
-  // memory within the arch's limit.
-  if (Status status = bundle::checkSharedMemory(request, kernels, launch.value(), binary);
-      !status.ok())
-    throw FormatError(image.label + ": " + status.message());
-  image.image = std::move(binary.cubin);
   slot = std::move(compiled);
   return *slot;
 }
@@ -456,22 +503,41 @@ detail::parseBundleBinaries(const JsonObject &module, const std::vector<BundleKe
     JsonObject entry(value, binaries.where() + ": " + arch);
     BundleBinary binary;
     binary.arch = arch;
-    binary.ptxFile = entry.string("ptx");
-    binary.ptxSha256 = entry.string("ptx_sha256");
-    if (entry.hasValue("cubin")) {
-      binary.cubinFile = entry.string("cubin");
-      binary.cubinSha256 = entry.string("cubin_sha256");
+    JsonObject parts = entry.object("parts");
+    for (const auto &[name, partValue] : parts.members()) {
+      JsonObject partEntry(partValue, parts.where() + ": " + name);
+      BundleBinaryPart part;
+      part.ptxFile = partEntry.string("ptx");
+      part.ptxSha256 = partEntry.string("ptx_sha256");
+      if (partEntry.hasValue("cubin")) {
+        part.cubinFile = partEntry.string("cubin");
+        part.cubinSha256 = partEntry.string("cubin_sha256");
+      }
+      binary.parts[name] = std::move(part);
     }
-    // A binary has exactly the kernels its arch builds.
+    // A binary has exactly the kernels its arch builds, each in its part,
+    // and no part without a kernel.
+    std::map<std::string, bool> holdsKernel;
+    for (const auto &[name, part] : binary.parts)
+      holdsKernel[name] = false;
     for (const BundleKernel &kernel : kernels) {
       const bundle::KernelRoleInfo &role = bundle::kernelRole(kernel.role);
       const bool built = bundle::buildsFor(kernel.role, arch);
       if (built && !kernel.loweredNames.count(arch))
-        entry.fail("ptx", std::string("kernel '") + role.name + "' has no lowered name for " + arch);
+        entry.fail("parts", std::string("kernel '") + role.name + "' has no lowered name for " + arch);
       if (!built && kernel.loweredNames.count(arch))
-        entry.fail("ptx", std::string("kernel '") + role.name + "' needs " + role.requiredTarget +
-                              " but has a lowered name for " + arch);
+        entry.fail("parts", std::string("kernel '") + role.name + "' needs " + role.requiredTarget +
+                                " but has a lowered name for " + arch);
+      if (!built)
+        continue;
+      auto part = holdsKernel.find(role.part);
+      if (part == holdsKernel.end())
+        parts.fail(role.part, std::string("missing: it holds kernel '") + role.name + "'");
+      part->second = true;
     }
+    for (const auto &[name, holds] : holdsKernel)
+      if (!holds)
+        parts.fail(name, "holds no kernel of this module");
     result[arch] = std::move(binary);
   }
   return result;

@@ -41,11 +41,11 @@ constexpr KernelRole kBackwardGateParams = KernelRole::GatedDeltaBackwardGatePar
 /// The kernels of one spec, loaded on one device, by role, with the launch
 /// constants of the binary they come from.
 struct LoadedGatedDelta {
-  std::unique_ptr<CudaModule> module;
-  std::map<KernelRole, CUfunction> functions;
+  std::vector<std::unique_ptr<CudaModule>> modules; // one per part of the binary
+  std::map<KernelRole, CudaKernel> kernels;
   GatedDeltaLaunch launch;
 
-  CUfunction operator[](KernelRole role) const { return functions.at(role); }
+  const CudaKernel &operator[](KernelRole role) const { return kernels.at(role); }
 };
 
 /// Threads per block of each role.
@@ -85,10 +85,16 @@ std::unique_ptr<LoadedGatedDelta> loadGatedDelta(const GatedDeltaBundle &bundle,
                     device.name + " (" + arch + ") allows " +
                     std::to_string(device.maxSharedMemoryPerBlockOptin));
 
-  loaded->module = std::make_unique<CudaModule>(driver, ordinal, image.image, image.label);
+  std::map<KernelRole, const CudaModule *> moduleOf;
+  for (const KernelImage::Part &part : image.parts) {
+    loaded->modules.push_back(std::make_unique<CudaModule>(driver, ordinal, part.image, part.label));
+    for (KernelRole role : part.roles)
+      moduleOf[role] = loaded->modules.back().get();
+  }
   CudaPrimaryContextGuard context(driver, ordinal);
   for (const BundleKernel &kernel : spec.kernels) {
-    const CUfunction function = loaded->module->function(image.loweredNames.at(kernel.role));
+    const CudaModule *module = moduleOf.at(kernel.role);
+    const CUfunction function = module->function(image.loweredNames.at(kernel.role));
     int maxThreads = 0;
     driver.check(api.cuFuncGetAttribute(&maxThreads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
                  "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
@@ -102,7 +108,7 @@ std::unique_ptr<LoadedGatedDelta> loadGatedDelta(const GatedDeltaBundle &bundle,
       driver.check(api.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                           static_cast<int>(bytes->second)),
                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-    loaded->functions[kernel.role] = function;
+    loaded->kernels[kernel.role] = {module, function};
   }
   return loaded;
 }
@@ -307,9 +313,9 @@ public:
   void operator()(KernelRole role, LaunchExtent grid, int64_t threads) {
     auto shared = launch_.sharedBytes.find(role);
     void *arguments[] = {&params_};
-    loaded_.module->launch(loaded_[role], grid, {static_cast<unsigned>(threads), 1, 1},
-                           shared == launch_.sharedBytes.end() ? 0 : static_cast<unsigned>(shared->second),
-                           stream_, arguments);
+    loaded_[role].launch(grid, {static_cast<unsigned>(threads), 1, 1},
+                         shared == launch_.sharedBytes.end() ? 0 : static_cast<unsigned>(shared->second),
+                         stream_, arguments);
   }
 
 private:

@@ -6,7 +6,8 @@ usage: dflex_compile_bundles.py DFLEX_COMPILE EXAMPLES_DIR
 - every example compiles for the default archs (sm_90a and sm_120) into a bundle with
   cubins for both; each arch's binary has exactly its kernels: the portable ones
   everywhere, the Hopper (wgmma) ones only in sm_90a (a forward for head_dim 64 and 128,
-  a backward for 128), with their launch constants;
+  a backward for 128), with their launch constants, each kernel in its part (one NVRTC
+  program, PTX and cubin per pass and family: wgmma in the Hopper parts only);
 - each binary carries the launch constants of its own PTX: the portable kernels' are
   the default configs of that arch's compute capability (sm_120's own, within its
   101,376 B of shared memory per block; sm_90a's those of sm_90), the Hopper kernels'
@@ -47,6 +48,12 @@ PORTABLE_ROLES = {"attention_forward", "attention_backward_preprocess", "attenti
 SM90_FORWARD_ROLES = {"attention_forward_sm90"}
 SM90_BACKWARD_ROLES = {"attention_backward_preprocess_sm90", "attention_backward_sm90",
                        "attention_backward_grad_q_sm90"}
+# The part of a binary (its own NVRTC program, PTX and cubin) that holds each kernel.
+PART_OF = {"attention_forward": "forward", "tile_classify": "forward",
+           "attention_backward_preprocess": "backward", "attention_backward": "backward",
+           "attention_backward_grad_q": "backward", "attention_forward_sm90": "forward_sm90",
+           **{role: "backward_sm90" for role in SM90_BACKWARD_ROLES}}
+GATED_DELTA_PARTS = {"gated_delta_forward", "gated_delta_backward"}
 # Launch constants of the Hopper kernels (docs/kernels.md): threads, dynamic shared
 # bytes, tiles.
 SM90_FORWARD_LAUNCH = {64: {"threads": 384, "shared_bytes": 83016, "block_m": 128, "block_n": 128},
@@ -132,7 +139,7 @@ def check_launch(launch, arch, roles, head_dim, label):
 def check_bundle(directory, label, archs=DEFAULT_ARCHS):
     manifest = json.loads(open(os.path.join(directory, "manifest.json")).read())
     check(manifest["archs"] == archs, f"{label}: archs {manifest['archs']}")
-    check(manifest["format_version"] == 2, f"{label}: format_version {manifest['format_version']}")
+    check(manifest["format_version"] == 3, f"{label}: format_version {manifest['format_version']}")
     for module in manifest["modules"]:
         check("launch" not in module, f"{label}: {module['name']} has module-wide launch constants")
         for arch in archs:
@@ -140,25 +147,31 @@ def check_bundle(directory, label, archs=DEFAULT_ARCHS):
             check(binary is not None, f"{label}: no {arch} binary for {module['name']}")
             if not binary:
                 continue
-            ptx = open(os.path.join(directory, binary["ptx"]), encoding="utf-8").read()
-            check(f".target {arch.replace('compute_', 'sm_')}" in ptx, f"{label}: {arch} PTX target")
-            if arch.startswith("sm_"):
-                cubin = open(os.path.join(directory, binary["cubin"]), "rb").read()
-                check(cubin[:4] == b"\x7fELF", f"{label}: {arch} cubin is not ELF")
-                check(hashlib.sha256(cubin).hexdigest() == binary["cubin_sha256"],
-                      f"{label}: {arch} cubin digest")
+            # Each part: its PTX for the arch, its cubin, wgmma exactly in the Hopper parts.
+            parts = binary.get("parts", {})
+            for part, files in parts.items():
+                where = f"{label}: {module['name']} {arch} {part}"
+                ptx = open(os.path.join(directory, files["ptx"]), encoding="utf-8").read()
+                check(f".target {arch.replace('compute_', 'sm_')}" in ptx, f"{where}: PTX target")
+                check(("wgmma.mma_async" in ptx) == part.endswith("_sm90"),
+                      f"{where}: wgmma in the PTX of {'no' if part.endswith('_sm90') else 'a'} Hopper part")
+                if arch.startswith("sm_"):
+                    cubin = open(os.path.join(directory, files["cubin"]), "rb").read()
+                    check(cubin[:4] == b"\x7fELF", f"{where}: cubin is not ELF")
+                    check(hashlib.sha256(cubin).hexdigest() == files["cubin_sha256"], f"{where}: cubin digest")
             if module["kind"] != "attention":
+                check(set(parts) == GATED_DELTA_PARTS, f"{label}: {arch} gated-delta parts {sorted(parts)}")
                 check("dflex_gated_delta_launch" in binary.get("launch", {}),
                       f"{label}: {arch} binary of {module['name']} has no launch constants")
                 continue
-            # Exactly the kernels this arch builds, each with its lowered name.
+            # Exactly the kernels this arch builds, each with its lowered name, in their parts.
             head_dim = module["spec"]["qk_head_dim"]
             roles = {k["role"] for k in module["kernels"] if arch in k["archs"]}
             check(roles == expected_roles(arch, head_dim),
                   f"{label}: {arch} has kernels {sorted(roles)}, expected "
                   f"{sorted(expected_roles(arch, head_dim))}")
-            check(("wgmma.mma_async" in ptx) == bool(roles & SM90_FORWARD_ROLES),
-                  f"{label}: {arch} PTX and its wgmma kernels disagree")
+            check(set(parts) == {PART_OF[role] for role in roles},
+                  f"{label}: {arch} has parts {sorted(parts)} for kernels {sorted(roles)}")
             check_launch(binary.get("launch", {}), arch, roles, head_dim, f"{label}: {module['name']}")
         for kernel in module["kernels"]:
             hopper = kernel["role"].endswith("_sm90")
@@ -230,7 +243,8 @@ def main():
         def entries():
             runs, _ = compile_bundle(tool, source, os.path.join(work, "probe"), cache)
             manifest = json.load(open(os.path.join(work, "probe", "manifest.json")))
-            keys = [b["cache_key"] for b in manifest["modules"][0]["binaries"].values()]
+            keys = [part["cache_key"] for b in manifest["modules"][0]["binaries"].values()
+                    for part in b["parts"].values()]
             return [os.path.join(entries_dir, key + ".entry") for key in keys]
 
         def truncate(path):
@@ -291,7 +305,7 @@ def main():
             check(bundle_files(os.path.join(work, f"concurrent-{i}")) == reference["dflash"],
                   f"concurrent {i}: bundle differs")
         check(misses == entries_per_run > 0,
-              f"concurrent compiles built {misses} binaries, expected {entries_per_run} (each module and arch once)")
+              f"concurrent compiles built {misses} programs, expected {entries_per_run} (each part of each binary once)")
         check(not stray_files(shared), f"stray files in the shared cache: {stray_files(shared)}")
         leftovers = [n for n in os.listdir(work) if ".partial-" in n or ".old-" in n]
         check(not leftovers, f"partial bundles left behind: {leftovers}")

@@ -174,42 +174,50 @@ void keepBuiltKernels(bundle::CompiledModule &module, const std::vector<std::str
   });
 }
 
-/// One module's binary for one arch.
+/// One part of a module's binary for one arch.
 struct CompileJob {
   bundle::CompiledModule *module;
-  std::string arch;
+  std::string arch, part;
   compile::CompileRequest request;
   ::dflex::Result<std::vector<compile::ArchBinary>> binaries =
       ::dflex::Status::failure("not compiled");
 };
 
-/// Adds a compiled binary to its module: reads its launch constants back from
-/// its PTX (they follow the configs each arch is compiled with) and checks its
-/// shared memory with them against its arch's limit.
-::dflex::Status addBinary(CompileJob &job, int &hits) {
+/// Adds a compiled part to its module's binary for its arch: reads the
+/// launch constants of its kernels back from its PTX (they follow the
+/// configs each arch is compiled with) and checks its shared memory with
+/// them against its arch's limit.
+::dflex::Status addPart(CompileJob &job, int &hits) {
   if (!job.binaries.ok())
     return job.binaries.status();
   bundle::CompiledModule &module = *job.module;
+  const std::string where = "@" + module.name + " (" + job.arch + ", " + job.part + ")";
   compile::ArchBinary &binary = job.binaries.value().front();
   hits += binary.fromCache;
-  auto key = compile::archCacheKey(job.request, job.arch, bundle::kTemplateVersion);
-  module.cacheKeys.push_back(key.ok() ? key.value() : "");
-  auto launch = bundle::readLaunchValues(binary, module.kernels);
+  const std::vector<bundle::ModuleKernel> kernels =
+      bundle::partKernels(module.kernels, job.arch, job.part);
+  auto launch = bundle::readLaunchValues(binary, kernels);
   if (!launch.ok())
-    return ::dflex::Status::failure("@" + module.name + " (" + job.arch + "): " + launch.error());
+    return ::dflex::Status::failure(where + ": " + launch.error());
   if (::dflex::Status status =
-          bundle::checkSharedMemory(job.request, module.kernels, launch.value(), binary);
+          bundle::checkSharedMemory(job.request, kernels, launch.value(), binary);
       !status.ok())
     return ::dflex::Status::failure("@" + module.name + ": " + status.message());
-  module.launch.push_back(std::move(launch).value());
-  module.binaries.push_back(std::move(binary));
+  if (module.binaries.empty() || module.binaries.back().arch != job.arch)
+    module.binaries.push_back({job.arch, {}, {}});
+  bundle::ModuleBinary &archBinary = module.binaries.back();
+  if (::dflex::Status status = bundle::mergeLaunchValues(archBinary.launch, launch.value());
+      !status.ok())
+    return ::dflex::Status::failure(where + ": " + status.message());
+  auto key = compile::archCacheKey(job.request, job.arch, bundle::kTemplateVersion);
+  archBinary.parts.push_back({job.part, std::move(binary), key.ok() ? key.value() : ""});
   return ::dflex::Status::success();
 }
 
-/// Compiles every module for every arch through the cache. The NVRTC
-/// programs are independent, so they run side by side; the binaries are then
-/// added in module and arch order, and the first failure in that order is
-/// the one reported.
+/// Compiles every part of every module's binary for every arch through the
+/// cache. The NVRTC programs are independent, so they run side by side; the
+/// parts are then added in module, arch and part order, and the first
+/// failure in that order is the one reported.
 ::dflex::Status compileModules(std::vector<bundle::CompiledModule> &modules,
                                const std::vector<std::string> &targets,
                                cache::KernelCache &kernelCache, int &hits) {
@@ -217,8 +225,10 @@ struct CompileJob {
   for (bundle::CompiledModule &module : modules) {
     keepBuiltKernels(module, targets);
     for (const std::string &arch : targets)
-      jobs.push_back({&module, arch,
-                      bundle::compileRequest(module.name, module.source, module.kernels, arch)});
+      for (const std::string &part : bundle::partsOf(module.kernels, arch))
+        jobs.push_back({&module, arch, part,
+                        bundle::compileRequest(module.name, module.source, module.kernels, arch,
+                                               part)});
   }
   {
     llvm::DefaultThreadPool pool(llvm::hardware_concurrency());
@@ -229,7 +239,7 @@ struct CompileJob {
     pool.wait();
   }
   for (CompileJob &job : jobs)
-    if (::dflex::Status status = addBinary(job, hits); !status.ok())
+    if (::dflex::Status status = addPart(job, hits); !status.ok())
       return status;
   return ::dflex::Status::success();
 }
@@ -305,11 +315,12 @@ int main(int argc, char **argv) {
     llvm::errs() << "dflex-compile: warning: " << warning << "\n";
   };
   cache::KernelCache kernelCache(config);
-  int hits = 0, binaries = 0, kernels = 0;
+  int hits = 0, programs = 0, kernels = 0;
   if (::dflex::Status status = compileModules(modules, targets, kernelCache, hits); !status.ok())
     return fail(status.message());
   for (const auto &compiled : modules) {
-    binaries += compiled.binaries.size();
+    for (const bundle::ModuleBinary &binary : compiled.binaries)
+      programs += binary.parts.size();
     kernels += compiled.kernels.size();
   }
   if (::dflex::Status status =
@@ -324,7 +335,7 @@ int main(int argc, char **argv) {
                  << " modules, " << kernels << " kernels, archs";
     for (const std::string &arch : targets)
       llvm::outs() << " " << arch;
-    llvm::outs() << "; cache " << hits << "/" << binaries << " hits; "
+    llvm::outs() << "; cache " << hits << "/" << programs << " hits; "
                  << llvm::format("%.3f", seconds) << " s -> " << outputDir << "\n";
   }
   return 0;

@@ -1,7 +1,7 @@
 //===- BundleWriter.h - Writing kernel bundles --------------------*- C++ -*-===//
 //
 // A bundle directory: manifest.json (docs/bundle.md), the generated source
-// and PTX + cubin per arch of each module.
+// and PTX + cubin per arch and part of each module.
 //
 //===----------------------------------------------------------------------===//
 #ifndef DFLEX_BUNDLE_BUNDLEWRITER_H
@@ -17,6 +17,24 @@
 
 namespace dflex::bundle {
 
+/// One part of a module's binary for an arch (KernelRoleInfo::part): the
+/// NVRTC program of some of its kernels.
+struct BinaryPart {
+  std::string name;
+  compile::ArchBinary binary;
+  std::string cacheKey;
+};
+
+/// A module's binary for one arch: its parts, and the launch constants read
+/// from their PTX (they follow the configs each arch is compiled with).
+struct ModuleBinary {
+  std::string arch;
+  std::vector<BinaryPart> parts;
+  LaunchValues launch;
+  /// The part holding the kernel of `expression`, or null.
+  const BinaryPart *partOf(const std::string &expression) const;
+};
+
 /// A generated module with its binaries, ready to be written.
 struct CompiledModule {
   std::string name;     // the spec's symbol
@@ -27,11 +45,7 @@ struct CompiledModule {
   JsonValue variant;    // the layout of its variant's captures
   std::vector<JsonValue> programs; // the portable bodies it uses
   std::vector<ModuleKernel> kernels;
-  std::vector<compile::ArchBinary> binaries;
-  std::vector<std::string> cacheKeys; // per binary
-  /// Per binary, its launch constants read from its own PTX: the constants
-  /// follow the configs each arch is compiled with.
-  std::vector<LaunchValues> launch;
+  std::vector<ModuleBinary> binaries; // per arch
 };
 
 /// Writes the bundle directory atomically: everything goes to a fresh

@@ -89,6 +89,10 @@ struct KernelRoleInfo {
   const char *requiredTarget;
   LaunchArray launch;      // the array of its launch constants
   const char *sharedBytes; // its dynamic shared bytes in `launch`, or null
+  /// The part of an arch's binary that holds the kernel. Each part is its
+  /// own NVRTC program (the kernels of one pass and family), so the parts
+  /// of a binary compile side by side and cache apart.
+  const char *part;
 };
 const KernelRoleInfo &kernelRole(KernelRole role);
 /// The role of a manifest name, if there is one.
@@ -107,6 +111,13 @@ struct ModuleKernel {
 };
 /// `role`'s kernel template instantiated with `templateArguments`.
 ModuleKernel moduleKernel(KernelRole role, const std::string &templateArguments);
+
+/// The parts of a binary for `arch` of a module of `kernels` (those holding
+/// a kernel `arch` builds), in table order.
+std::vector<std::string> partsOf(const std::vector<ModuleKernel> &kernels, std::string_view arch);
+/// The kernels of `kernels` that part `part` of a binary for `arch` holds.
+std::vector<ModuleKernel> partKernels(const std::vector<ModuleKernel> &kernels,
+                                      std::string_view arch, std::string_view part);
 
 /// The launch arrays of a module of `kernels` that a binary for `arch` has,
 /// in table order.

@@ -23,8 +23,9 @@ inline constexpr const char *kTemplateVersion = "dflex-templates-6";
 
 /// The layout of a bundle's manifest.json (docs/bundle.md), which
 /// dflex-compile writes and the runtime reads: bump when it changes.
-/// Version 2: each binary carries its own launch constants.
-inline constexpr int kBundleFormatVersion = 2;
+/// Version 2: each binary carries its own launch constants. Version 3: a
+/// binary is several parts (KernelRoleInfo::part), each its own PTX and cubin.
+inline constexpr int kBundleFormatVersion = 3;
 
 /// The largest batch and query-head count, and the longest query or key
 /// sequence, an attention call takes. Generated mask and score_mod code

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <set>
 #include <thread>
 
 using namespace dflex;
@@ -180,6 +181,7 @@ void writeBundle(const std::string &directory,
     module["variant"] = codegen::toJson(
         codegen::layoutVariant(mask, withScoreMod ? &scoreMod : nullptr).value());
     JsonValue kernels = JsonValue::array();
+    std::map<std::string, std::set<std::string>> parts; // arch -> parts of its binary
     auto addKernel = [&](const std::string &role, bool hopper) {
       JsonValue kernel = JsonValue::object();
       kernel["role"] = role;
@@ -188,8 +190,10 @@ void writeBundle(const std::string &directory,
         kernel["required_target"] = "sm_90a";
       kernel["archs"] = JsonValue::object();
       for (const std::string &arch : contents.archs)
-        if (!hopper || arch == "sm_90a" || arch == "compute_90a")
+        if (!hopper || arch == "sm_90a" || arch == "compute_90a") {
           kernel["archs"][arch]["lowered_name"] = "_Z" + role + "_" + arch;
+          parts[arch].insert(bundle::kernelRole(*bundle::kernelRoleNamed(role)).part);
+        }
       kernels.push(kernel);
     };
     for (const char *role : kPortableRoles)
@@ -205,10 +209,21 @@ void writeBundle(const std::string &directory,
     module["source_file"] = name + ".cu";
     module["source_sha256"] = Sha256::hexDigest(source);
     for (const std::string &arch : contents.archs) {
-      const std::string ptx = "// ptx of " + name + " for " + arch + "\n";
-      test::writeBytes(directory + "/" + name + "." + arch + ".ptx", ptx);
-      module["binaries"][arch]["ptx"] = name + "." + arch + ".ptx";
-      module["binaries"][arch]["ptx_sha256"] = Sha256::hexDigest(ptx);
+      // Each part's files (compute_XX: PTX only).
+      for (const std::string &part : parts[arch]) {
+        const std::string stem = name + "." + arch + "." + part;
+        JsonValue &entry = module["binaries"][arch]["parts"][part];
+        const std::string ptx = "// ptx of " + name + " for " + arch + ", " + part + "\n";
+        test::writeBytes(directory + "/" + stem + ".ptx", ptx);
+        entry["ptx"] = stem + ".ptx";
+        entry["ptx_sha256"] = Sha256::hexDigest(ptx);
+        if (arch.rfind("sm_", 0) != 0)
+          continue;
+        const std::string cubin = "cubin bytes of " + name + " for " + arch + ", " + part;
+        test::writeBytes(directory + "/" + stem + ".cubin", cubin);
+        entry["cubin"] = stem + ".cubin";
+        entry["cubin_sha256"] = Sha256::hexDigest(cubin);
+      }
       // Each binary's launch constants; the Hopper kernels' as dflex-compile
       // reads them for head_dim 128, in the binaries that have them.
       JsonValue launch = portableLaunch(arch);
@@ -227,12 +242,6 @@ void writeBundle(const std::string &directory,
         launch["dflex_backward_sm90_launch"]["row_kernel_threads"] = 256;
       }
       module["binaries"][arch]["launch"] = launch;
-      if (arch.rfind("sm_", 0) != 0)
-        continue; // compute_XX: PTX only
-      const std::string cubin = "cubin bytes of " + name + " for " + arch;
-      test::writeBytes(directory + "/" + name + "." + arch + ".cubin", cubin);
-      module["binaries"][arch]["cubin"] = name + "." + arch + ".cubin";
-      module["binaries"][arch]["cubin_sha256"] = Sha256::hexDigest(cubin);
     }
     modules.push(module);
   }
@@ -268,10 +277,23 @@ TEST(KernelBundle, OpensAndDescribesItsSpecs) {
   EXPECT_EQ(launches.backward.rowKernelThreads, 256);
   EXPECT_EQ(spec.kernel(bundle::KernelRole::AttentionBackward).loweredNames.at("sm_90"),
             "_Zattention_backward_sm_90");
-  EXPECT_EQ(spec.binaries.at("sm_90").cubinFile, "windowed_softcap.sm_90.cubin");
-  EXPECT_EQ(bundle->readVerified(spec.binaries.at("sm_90").cubinFile,
-                                 spec.binaries.at("sm_90").cubinSha256),
-            "cubin bytes of windowed_softcap for sm_90");
+  const BundleBinary &binary = spec.binaries.at("sm_90");
+  EXPECT_EQ(binary.parts.size(), 2u); // forward, backward
+  EXPECT_EQ(binary.parts.at("backward").cubinFile, "windowed_softcap.sm_90.backward.cubin");
+  EXPECT_EQ(bundle->readVerified(binary.parts.at("backward").cubinFile,
+                                 binary.parts.at("backward").cubinSha256),
+            "cubin bytes of windowed_softcap for sm_90, backward");
+  // Its image: one cubin per part, each holding the kernels of its part.
+  const KernelImage image = bundle->kernelImage(spec, "sm_90");
+  ASSERT_EQ(image.parts.size(), 2u);
+  EXPECT_EQ(image.parts[0].image, "cubin bytes of windowed_softcap for sm_90, backward");
+  EXPECT_EQ(image.parts[0].roles,
+            (std::vector<bundle::KernelRole>{bundle::KernelRole::AttentionBackwardPreprocess,
+                                             bundle::KernelRole::AttentionBackward,
+                                             bundle::KernelRole::AttentionBackwardGradQ}));
+  EXPECT_EQ(image.parts[1].image, "cubin bytes of windowed_softcap for sm_90, forward");
+  EXPECT_EQ(image.parts[1].roles, std::vector<bundle::KernelRole>{bundle::KernelRole::AttentionForward});
+  EXPECT_EQ(image.loweredNames.at(bundle::KernelRole::AttentionForward), "_Zattention_forward_sm_90");
   EXPECT_FALSE(launches.forwardSm90.has_value());
   EXPECT_FALSE(launches.backwardSm90.has_value());
   EXPECT_FALSE(spec.hasKernel(bundle::KernelRole::AttentionForwardSm90, "sm_90a"));
@@ -290,17 +312,17 @@ TEST(KernelBundle, MissingDirectoryOrManifestNamesThePath) {
 TEST(KernelBundle, MissingFileIsNamed) {
   TempDir dir;
   writeBundle(dir.path().string());
-  std::filesystem::remove(dir.file("windowed.sm_90.cubin"));
+  std::filesystem::remove(dir.file("windowed.sm_90.backward.cubin"));
   expectError<IoError>([&] { KernelBundle::open(dir.path().string()); },
-                       {dir.file("windowed.sm_90.cubin")});
+                       {dir.file("windowed.sm_90.backward.cubin")});
 }
 
 TEST(KernelBundle, ShaMismatchIsNamed) {
   TempDir dir;
   writeBundle(dir.path().string());
-  test::writeBytes(dir.file("windowed_softcap.sm_90.ptx"), "// tampered\n");
+  test::writeBytes(dir.file("windowed_softcap.sm_90.forward.ptx"), "// tampered\n");
   expectError<FormatError>([&] { KernelBundle::open(dir.path().string()); },
-                           {dir.file("windowed_softcap.sm_90.ptx"), "sha256", "does not match"});
+                           {dir.file("windowed_softcap.sm_90.forward.ptx"), "sha256", "does not match"});
 }
 
 TEST(KernelBundle, UnknownSpecListsTheKnownOnes) {
@@ -337,8 +359,8 @@ TEST(KernelBundle, BadManifestsAreNamedAndExplained) {
     std::vector<std::string> fragments;
   };
   const std::vector<Case> cases = {
-      {"format", [](JsonValue &m) { m["format_version"] = 1; },
-       {"format_version", "reads version 2, got 1", "rebuild"}},
+      {"format", [](JsonValue &m) { m["format_version"] = 2; },
+       {"format_version", "reads version 3, got 2", "rebuild"}},
       {"templates", [](JsonValue &m) { m["template_version"] = "dflex-templates-0"; },
        {"template_version", "dflex-templates-0", "rebuild"}},
       {"launch",
@@ -357,6 +379,21 @@ TEST(KernelBundle, BadManifestsAreNamedAndExplained) {
       {"missing kernel",
        [](JsonValue &m) { firstModule(m)["kernels"].asArray().pop_back(); },
        {"attention_backward_grad_q"}},
+      {"part missing",
+       [](JsonValue &m) {
+         firstModule(m)["binaries"]["sm_90"]["parts"].asObject().erase("backward");
+       },
+       {"module 'windowed'", "binaries: sm_90: parts: backward",
+        "missing: it holds kernel 'attention_backward_preprocess'"}},
+      {"part without kernels",
+       [](JsonValue &m) {
+         JsonValue &parts = firstModule(m)["binaries"]["sm_90"]["parts"];
+         parts["backward_sm90"] = parts["backward"];
+       },
+       {"binaries: sm_90: parts: backward_sm90", "holds no kernel of this module"}},
+      {"no parts",
+       [](JsonValue &m) { firstModule(m)["binaries"]["sm_90"].asObject().erase("parts"); },
+       {"binaries: sm_90: parts: missing"}},
       {"layout",
        [](JsonValue &m) {
          firstModule(m)["variant"]["captures"].asArray()[1]["offset_bytes"] = 8;

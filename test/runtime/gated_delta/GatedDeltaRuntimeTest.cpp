@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -133,15 +134,19 @@ void writeBundle(const std::string &directory, const std::function<void(JsonValu
     module["source_file"] = s.name + ".cu";
     module["source_sha256"] = Sha256::hexDigest(source);
     for (const std::string arch : {"sm_90a", "sm_120"}) {
-      const std::string ptx = "// ptx of " + s.name + " for " + arch + "\n";
-      const std::string cubin = "cubin bytes of " + s.name + " for " + arch;
-      test::writeBytes(directory + "/" + s.name + "." + arch + ".ptx", ptx);
-      test::writeBytes(directory + "/" + s.name + "." + arch + ".cubin", cubin);
       JsonValue &binary = module["binaries"][arch];
-      binary["ptx"] = s.name + "." + arch + ".ptx";
-      binary["ptx_sha256"] = Sha256::hexDigest(ptx);
-      binary["cubin"] = s.name + "." + arch + ".cubin";
-      binary["cubin_sha256"] = Sha256::hexDigest(cubin);
+      for (const std::string part : {"gated_delta_forward", "gated_delta_backward"}) {
+        const std::string stem = s.name + "." + arch + "." + part;
+        const std::string ptx = "// ptx of " + s.name + " for " + arch + ", " + part + "\n";
+        const std::string cubin = "cubin bytes of " + s.name + " for " + arch + ", " + part;
+        test::writeBytes(directory + "/" + stem + ".ptx", ptx);
+        test::writeBytes(directory + "/" + stem + ".cubin", cubin);
+        JsonValue &files = binary["parts"][part];
+        files["ptx"] = stem + ".ptx";
+        files["ptx_sha256"] = Sha256::hexDigest(ptx);
+        files["cubin"] = stem + ".cubin";
+        files["cubin_sha256"] = Sha256::hexDigest(cubin);
+      }
       binary["launch"] = launch;
       if (arch == "sm_120")
         binary["launch"]["dflex_gated_delta_launch"]["value_block"] = 16;
@@ -206,7 +211,13 @@ TEST(GatedDeltaBundle, KernelImageIsTheCubinOfTheArch) {
   // An sm_90 device takes the sm_90a cubin; the image says which arch, for
   // its launch constants.
   const KernelImage image = bundle->kernelImage(spec, "sm_90");
-  EXPECT_EQ(image.image, "cubin bytes of model for sm_90a");
+  ASSERT_EQ(image.parts.size(), 2u);
+  EXPECT_EQ(image.parts[0].image, "cubin bytes of model for sm_90a, gated_delta_backward");
+  EXPECT_EQ(image.parts[1].image, "cubin bytes of model for sm_90a, gated_delta_forward");
+  const std::vector<bundle::KernelRole> &forward = image.parts[1].roles;
+  EXPECT_NE(std::find(forward.begin(), forward.end(), bundle::KernelRole::GatedDeltaForwardPrepare), forward.end());
+  EXPECT_EQ(std::find(forward.begin(), forward.end(), bundle::KernelRole::GatedDeltaBackwardState), forward.end());
+  EXPECT_EQ(image.parts[0].roles.size() + forward.size(), spec.kernels.size());
   EXPECT_EQ(image.arch, "sm_90a");
   EXPECT_EQ(image.loweredNames.at(bundle::KernelRole::GatedDeltaForwardState), "_Zgated_delta_forward_state_sm_90a");
   EXPECT_EQ(bundle->kernelImage(spec, "sm_120").arch, "sm_120");

@@ -2,9 +2,10 @@
 //
 // A generated attention module, compiled by NVRTC for sm_90a and sm_120,
 // instantiates the DefaultAttentionConfigs of the arch it is compiled for:
-// the launch constants read back from each PTX are that arch's (sm_120's
-// within its 101,376 B of shared memory per block), and the Hopper kernels
-// and their constants exist in the sm_90a binary only.
+// the launch constants read back from the PTX of each part of its binary
+// are that arch's (sm_120's within its 101,376 B of shared memory per
+// block), and the Hopper kernels and their constants exist in the sm_90a
+// binary only.
 //
 //===----------------------------------------------------------------------===//
 
@@ -61,10 +62,32 @@ TEST(CodegenAttention, EachArchsBinaryHasTheConfigsOfItsComputeCapability) {
   std::map<std::string, std::string> forwardKernel; // arch -> lowered name
   for (const Expected &target : expected) {
     SCOPED_TRACE(target.arch);
-    const compile::CompileRequest request = bundle::compileRequest(
-        spec.name, module.value().source, module.value().kernels, target.arch);
-    Result<compile::ArchBinary> binary = compile::compileForArch(request, target.arch);
-    ASSERT_TRUE(binary.ok()) << binary.error();
+    // The binary's parts, each its own program: the constants of each
+    // part's kernels come from its own PTX, and no part of sm_120 has the
+    // Hopper arrays.
+    bundle::LaunchValues launch;
+    for (const std::string &part : bundle::partsOf(module.value().kernels, target.arch)) {
+      SCOPED_TRACE(part);
+      const compile::CompileRequest request = bundle::compileRequest(
+          spec.name, module.value().source, module.value().kernels, target.arch, part);
+      Result<compile::ArchBinary> binary = compile::compileForArch(request, target.arch);
+      ASSERT_TRUE(binary.ok()) << binary.error();
+      const std::vector<bundle::ModuleKernel> kernels =
+          bundle::partKernels(module.value().kernels, target.arch, part);
+      ASSERT_FALSE(kernels.empty());
+      for (const bundle::ModuleKernel &kernel : kernels)
+        EXPECT_FALSE(binary.value().loweredName(kernel.nameExpression).empty());
+      Result<bundle::LaunchValues> values = bundle::readLaunchValues(binary.value(), kernels);
+      ASSERT_TRUE(values.ok()) << values.error();
+      ASSERT_TRUE(bundle::mergeLaunchValues(launch, values.value()).ok());
+      for (bundle::LaunchArray array : {bundle::LaunchArray::ForwardSm90, bundle::LaunchArray::BackwardSm90})
+        if (!target.launch.count(bundle::launchArray(array).symbol))
+          EXPECT_FALSE(read(binary.value().ptx, array).ok())
+              << "a binary without the kernels has their constants";
+      if (part == "forward")
+        forwardKernel[target.arch] =
+            binary.value().loweredName(module.value().kernels.front().nameExpression);
+    }
     const std::vector<bundle::LaunchArray> built =
         bundle::launchArraysOf(module.value().kernels, target.arch);
     for (bundle::LaunchArray array :
@@ -72,21 +95,23 @@ TEST(CodegenAttention, EachArchsBinaryHasTheConfigsOfItsComputeCapability) {
           bundle::LaunchArray::ForwardSm90, bundle::LaunchArray::BackwardSm90}) {
       const std::string symbol = bundle::launchArray(array).symbol;
       SCOPED_TRACE(symbol);
-      Result<std::vector<int64_t>> values = read(binary.value().ptx, array);
       auto wanted = target.launch.find(symbol);
       EXPECT_EQ(std::count(built.begin(), built.end(), array) == 1,
                 wanted != target.launch.end());
+      auto found = launch.find(symbol);
       if (wanted == target.launch.end()) {
-        EXPECT_FALSE(values.ok()) << "a binary without the kernels has their constants";
+        EXPECT_EQ(found, launch.end());
         continue;
       }
-      ASSERT_TRUE(values.ok()) << values.error();
-      EXPECT_EQ(values.value(), wanted->second);
+      ASSERT_NE(found, launch.end());
+      const std::vector<std::string> &names = bundle::launchArray(array).names;
+      std::vector<int64_t> values;
+      for (const std::string &name : names)
+        values.push_back(found->second.at(name));
+      EXPECT_EQ(values, wanted->second);
       if (std::string(target.arch) == "sm_120")
-        EXPECT_LE(values.value()[1], 101376) << "beyond sm_120's shared memory per block";
+        EXPECT_LE(values[1], 101376) << "beyond sm_120's shared memory per block";
     }
-    forwardKernel[target.arch] =
-        binary.value().loweredName(module.value().kernels.front().nameExpression);
   }
   // One name expression, two instantiations: each arch's own config type.
   EXPECT_FALSE(forwardKernel["sm_90a"].empty());

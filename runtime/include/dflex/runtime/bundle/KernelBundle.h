@@ -60,11 +60,19 @@ struct BundleKernel {
   std::map<std::string, std::string> loweredNames; // arch -> mangled name, archs that have it
 };
 
-/// The files of one arch. The cubin is absent for compute_XX archs.
-struct BundleBinary {
-  std::string arch;
+/// The files of one part of a binary (bundle::KernelRoleInfo::part). The
+/// cubin is absent for compute_XX archs.
+struct BundleBinaryPart {
   std::string ptxFile, ptxSha256;
   std::string cubinFile, cubinSha256;
+};
+
+/// The binary of one arch: its parts by name.
+struct BundleBinary {
+  std::string arch;
+  std::map<std::string, BundleBinaryPart> parts;
+  /// Whether every part has its cubin (the binary loads without NVRTC).
+  bool hasCubins() const;
 };
 
 /// A dflex.attention spec (its compile-time attributes) and everything
@@ -115,9 +123,15 @@ struct AttentionKernelSpec : bundle::AttentionSpec {
   std::vector<std::string> captureNames() const;
 };
 
-/// A loadable image of a spec's kernels for one arch.
+/// The loadable images of a spec's kernels for one arch: one per part of
+/// its binary, each loaded as its own CUDA module.
 struct KernelImage {
-  std::string image;                               // cubin bytes
+  struct Part {
+    std::string image;                   // cubin bytes
+    std::string label;                   // where it came from, for errors
+    std::vector<bundle::KernelRole> roles; // the kernels it holds
+  };
+  std::vector<Part> parts;
   std::string arch;                                // the arch it was compiled for
   std::string label;                               // where it came from, for errors
   std::map<bundle::KernelRole, std::string> loweredNames; // role -> mangled name
@@ -157,6 +171,12 @@ public:
   /// that compile fails.
   AttentionLaunches attentionLaunches(const AttentionKernelSpec &spec,
                                       const std::string &arch) const;
+
+  /// Checks that every file of `binary` is there and intact.
+  void verifyBinary(const BundleBinary &binary) const;
+  /// The image of `binary` (every part with its cubin) and of the kernels
+  /// of `kernels` it holds.
+  KernelImage binaryImage(const BundleBinary &binary, const std::vector<BundleKernel> &kernels) const;
 
   /// Contents of a bundle file, checked against `sha256`.
   std::string readVerified(const std::string &file, const std::string &sha256) const;

@@ -136,4 +136,16 @@ private:
   CUmodule module_ = nullptr;
 };
 
+/// A kernel and the module it was looked up in (a binary in several parts
+/// loads one module per part).
+struct CudaKernel {
+  const CudaModule *module = nullptr;
+  CUfunction function = nullptr;
+
+  void launch(LaunchExtent grid, LaunchExtent block, unsigned sharedMemoryBytes, CUstream stream,
+              void **arguments) const {
+    module->launch(function, grid, block, sharedMemoryBytes, stream, arguments);
+  }
+};
+
 } // namespace dflex::runtime
