@@ -1,8 +1,10 @@
-//===- TileListBench.cpp - time to build the tile lists of a DFlash step --===//
+//===- TileListBench.cpp - time to build the tile lists of one step -------===//
 //
 // One DFlash training step: 512 anchors (blocks of 16 queries, so 8192
-// queries), 8192 context keys + 8192 block keys, batch 1, 32 heads. Times
-// what the runtime does every step, per kernel family: evaluator creation
+// queries), 8192 context keys + 8192 block keys, batch 1, 32 heads; and one
+// call of the document mask at 8192 tokens (documents of 40 to 799 tokens,
+// as bench/attention_bench.py --masks draws them). Times
+// what the runtime does every call, per kernel family: evaluator creation
 // (and, timed apart, rebinding a kept evaluator to the step's captures, which
 // is what the runtime does after its first step), the forward list (needed
 // before the forward launch), then the backward list (built while the
@@ -36,55 +38,29 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-} // namespace
+// A 256 MiB sweep that evicts the CPU caches (--cold), else nothing.
+struct CacheSweep {
+  std::vector<char> bytes;
+  bool cold() const { return !bytes.empty(); }
+  void operator()() {
+    for (size_t i = 0; i < bytes.size(); i += 64)
+      bytes[i] = static_cast<char>(bytes[i] + 1);
+  }
+};
 
-int main(int argc, char **argv) {
-  const int64_t blocks = 512, blockSize = 16, ctxLen = 8192;
-  int repeats = 200;
-  bool cold = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--cold")
-      cold = true;
-    else
-      repeats = std::atoi(argv[i]);
-  }
-  if (repeats <= 0) {
-    std::fprintf(stderr, "usage: %s [--cold] [repeats > 0]\n", argv[0]);
-    return 1;
-  }
-  std::vector<char> sweep(cold ? size_t(256) << 20 : 0);
-  auto evictCaches = [&] {
-    for (size_t i = 0; i < sweep.size(); i += 64)
-      sweep[i] = static_cast<char>(sweep[i] + 1);
-  };
-  auto loaded = test::LoadedModule::fromFile(std::string(DFLEX_EXAMPLES_DIR) + "/dflash.mlir");
-  expr::Program program = loaded.program("dflash");
+// Times the lists of one call of `program` on `captures`; false (after
+// printing why) where a list cannot be built.
+bool timeLists(const char *what, const expr::Program &program, const std::vector<expr::CaptureValue> &captures,
+               const analysis::AttentionShape &shape, int repeats, CacheSweep &evictCaches) {
   if (program.instructions.empty())
-    return 1;
-
-  std::mt19937_64 rng(1);
-  std::vector<int32_t> anchors(blocks);
-  for (auto &a : anchors)
-    a = std::uniform_int_distribution<int32_t>(1, ctxLen - 1)(rng);
-  std::sort(anchors.begin(), anchors.end());
-  std::vector<int32_t> contextStart(blocks, 0); // one document per row
-  std::vector<expr::CaptureValue> captures{
-      expr::CaptureValue::ofTensor(anchors.data(), expr::ScalarType::I32, {1, blocks}),
-      expr::CaptureValue::ofTensor(contextStart.data(), expr::ScalarType::I32, {1, blocks}),
-      expr::CaptureValue::ofScalar(expr::Value::ofInt(ctxLen))};
-  analysis::AttentionShape shape;
-  shape.batches = 1;
-  shape.heads = 32;
-  shape.queryLength = blocks * blockSize;
-  shape.keyLength = ctxLen + blocks * blockSize;
-
+    return false;
   using Clock = std::chrono::steady_clock;
   auto micros = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::micro>(b - a).count();
   };
-  std::printf("DFlash step, %lld queries x %lld keys; median of %d runs%s:\n",
+  std::printf("%s, %lld queries x %lld keys; median of %d runs%s:\n", what,
               static_cast<long long>(shape.queryLength), static_cast<long long>(shape.keyLength),
-              repeats, cold ? ", caches evicted before each" : "");
+              repeats, evictCaches.cold() ? ", caches evicted before each" : "");
   for (const Family &family : {Family{"portable", 128, 64, 64, 64},
                                Family{"hopper", 128, 128, 64, 128}}) {
     std::vector<double> create, rebind, forward, backward, total;
@@ -94,14 +70,14 @@ int main(int argc, char **argv) {
     auto kept = analysis::IntervalEvaluator::create(program, captures);
     if (!kept.ok()) {
       std::fprintf(stderr, "%s\n", kept.error.c_str());
-      return 1;
+      return false;
     }
     for (int r = 0; r < repeats; ++r) {
       evictCaches();
       auto r0 = Clock::now();
       if (std::string problem = kept.evaluator->rebind(captures); !problem.empty()) {
         std::fprintf(stderr, "%s\n", problem.c_str());
-        return 1;
+        return false;
       }
       rebind.push_back(micros(r0, Clock::now()));
       evictCaches();
@@ -109,7 +85,7 @@ int main(int argc, char **argv) {
       auto created = analysis::IntervalEvaluator::create(program, captures);
       if (!created.ok()) {
         std::fprintf(stderr, "%s\n", created.error.c_str());
-        return 1;
+        return false;
       }
       auto t1 = Clock::now();
       analysis::TileListResult forwardList =
@@ -123,7 +99,7 @@ int main(int argc, char **argv) {
       for (const auto *list : {&forwardList, &backwardList})
         if (!list->ok()) {
           std::fprintf(stderr, "%s: %s\n", family.name, list->error.c_str());
-          return 1;
+          return false;
         }
       create.push_back(micros(t0, t1));
       forward.push_back(micros(t1, t2));
@@ -143,5 +119,59 @@ int main(int argc, char **argv) {
                 static_cast<long long>(backwardEntries), median(create), median(rebind), median(forward),
                 median(backward), median(total));
   }
+  return true;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  const int64_t blocks = 512, blockSize = 16, ctxLen = 8192;
+  int repeats = 200;
+  bool cold = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--cold")
+      cold = true;
+    else
+      repeats = std::atoi(argv[i]);
+  }
+  if (repeats <= 0) {
+    std::fprintf(stderr, "usage: %s [--cold] [repeats > 0]\n", argv[0]);
+    return 1;
+  }
+  CacheSweep evictCaches{std::vector<char>(cold ? size_t(256) << 20 : 0)};
+  auto loaded = test::LoadedModule::fromFile(std::string(DFLEX_EXAMPLES_DIR) + "/dflash.mlir");
+  std::mt19937_64 rng(1);
+  std::vector<int32_t> anchors(blocks);
+  for (auto &a : anchors)
+    a = std::uniform_int_distribution<int32_t>(1, ctxLen - 1)(rng);
+  std::sort(anchors.begin(), anchors.end());
+  std::vector<int32_t> contextStart(blocks, 0); // one document per row
+  analysis::AttentionShape dflashShape;
+  dflashShape.batches = 1;
+  dflashShape.heads = 32;
+  dflashShape.queryLength = blocks * blockSize;
+  dflashShape.keyLength = ctxLen + blocks * blockSize;
+  if (!timeLists("DFlash step", loaded.program("dflash"),
+                 {expr::CaptureValue::ofTensor(anchors.data(), expr::ScalarType::I32, {1, blocks}),
+                  expr::CaptureValue::ofTensor(contextStart.data(), expr::ScalarType::I32, {1, blocks}),
+                  expr::CaptureValue::ofScalar(expr::Value::ofInt(ctxLen))},
+                 dflashShape, repeats, evictCaches))
+    return 1;
+
+  auto documents = test::LoadedModule::fromFile(std::string(DFLEX_EXAMPLES_DIR) + "/document_mask.mlir");
+  const int64_t tokens = 8192;
+  std::vector<int32_t> documentIds;
+  for (int32_t id = 0; static_cast<int64_t>(documentIds.size()) < tokens; ++id)
+    documentIds.insert(documentIds.end(), std::uniform_int_distribution<int>(40, 799)(rng), id);
+  documentIds.resize(tokens);
+  analysis::AttentionShape documentShape;
+  documentShape.batches = 1;
+  documentShape.heads = 32;
+  documentShape.queryLength = tokens;
+  documentShape.keyLength = tokens;
+  if (!timeLists("document mask", documents.program("document"),
+                 {expr::CaptureValue::ofTensor(documentIds.data(), expr::ScalarType::I32, {1, tokens})},
+                 documentShape, repeats, evictCaches))
+    return 1;
   return 0;
 }
