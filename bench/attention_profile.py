@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a dflex attention call's time goes, on the DFlash training shape.
 
-usage: attention_profile.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--kernels CHOICE]
+usage: attention_profile.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--kernels CHOICE] [--mask document]
 
 Runs forward+backward of the op under torch.profiler and prints, per step,
 the GPU time of each kernel (and copy/memset), their sum, and the step's
@@ -9,6 +9,11 @@ wall time: the gap between the two is time the GPU waits on the host
 (tile lists, capture uploads, synchronisations). Times the step with
 captures already on the host (as a data loader hands them over) and with
 captures on the device (the op copies them to the host for its tile lists).
+--mask document profiles the document mask instead (8192 tokens, 32/8
+heads, documents of 40 to 799 tokens, as attention_bench.py --masks draws
+them), the mask whose op time was furthest from its kernels' time; both
+masks also time the forward alone, with and without autograd (which adds
+the backward's tile list to the forward call).
 """
 
 import os
@@ -18,7 +23,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from timing import median_ms
+from timing import median_ms, steady_ms
 
 LIB, BUNDLES = sys.argv[1], sys.argv[2]
 if "--kernels" in sys.argv:
@@ -29,17 +34,26 @@ BLOCK, ANCHORS, CONTEXT = 16, 512, 8192
 STEPS = 5
 
 torch.manual_seed(0)
-anchors = torch.sort(torch.randperm(CONTEXT - 1, device=dev)[:ANCHORS] + 1).values.to(torch.int32)
-tq, tkv = ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK
+if "--mask" in sys.argv and sys.argv[sys.argv.index("--mask") + 1] == "document":
+    tq = tkv = 8192
+    lengths = torch.randint(40, 800, (tq,), generator=torch.Generator().manual_seed(tq))
+    ids = torch.repeat_interleave(torch.arange(tq, dtype=torch.int32), lengths)[:tq][None]
+    bundle, spec = os.path.join(BUNDLES, "document_mask"), "document_attention"
+    host_captures, device_captures = [ids], [ids.to(dev)]
+elif "--mask" in sys.argv:
+    sys.exit("--mask takes 'document'")
+else:
+    anchors = torch.sort(torch.randperm(CONTEXT - 1, device=dev)[:ANCHORS] + 1).values.to(torch.int32)
+    tq, tkv = ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK
+    bundle, spec = os.path.join(BUNDLES, "dflash"), "drafter_attention"
+    context_start = torch.zeros(1, ANCHORS, dtype=torch.int32)
+    context = torch.tensor(CONTEXT, dtype=torch.int64)
+    host_captures = [anchors[None].cpu(), context_start, context]
+    device_captures = [anchors[None], context_start.to(dev), context]
 q = torch.randn(1, tq, 32, 128, device=dev, dtype=dt, requires_grad=True)
 k = torch.randn(1, tkv, 8, 128, device=dev, dtype=dt, requires_grad=True)
 v = torch.randn(1, tkv, 8, 128, device=dev, dtype=dt, requires_grad=True)
 do = torch.randn(1, tq, 32, 128, device=dev, dtype=dt)
-bundle = os.path.join(BUNDLES, "dflash")
-context_start = torch.zeros(1, ANCHORS, dtype=torch.int32)
-context = torch.tensor(CONTEXT, dtype=torch.int64)
-host_captures = [anchors[None].cpu(), context_start, context]
-device_captures = [anchors[None], context_start.to(dev), context]
 
 
 # The same values in [B, H, T, D] storage, read through [B, T, H, D] views
@@ -48,7 +62,7 @@ strided = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q,
 
 
 def step(captures, leaves=(q, k, v), views=lambda t: t):
-    o, _ = torch.ops.dflex.attention(bundle, "drafter_attention", *map(views, leaves), captures)
+    o, _ = torch.ops.dflex.attention(bundle, spec, *map(views, leaves), captures)
     o.backward(do)
     for t in leaves:
         t.grad = None
@@ -62,6 +76,17 @@ for name, args in (("host captures", (host_captures,)),
                    ("device captures", (device_captures,)),
                    ("host captures, [B,H,T,D] storage", (host_captures, strided, bhtd))):
     print(f"{name}: fwd+bwd median {median_ms(lambda: step(*args)):.3f} ms", flush=True)
+
+
+def forward(captures):
+    torch.ops.dflex.attention(bundle, spec, q, k, v, captures)
+
+
+print(f"host captures: fwd median {median_ms(lambda: forward(host_captures)):.3f} ms with autograd, "
+      f"back to back {steady_ms(lambda: forward(host_captures)):.3f} ms", flush=True)
+with torch.no_grad():
+    print(f"host captures: fwd median {median_ms(lambda: forward(host_captures)):.3f} ms without, "
+          f"back to back {steady_ms(lambda: forward(host_captures)):.3f} ms", flush=True)
 
 step(host_captures)
 torch.cuda.synchronize()
