@@ -12,8 +12,12 @@ peak memory above the inputs, and the flex/dflex ratios; then the cost of a
 new anchor layout (dflex: the op call builds tile lists; flex:
 create_block_mask, and a recompile per new anchor count). Both sides get
 their mask inputs ready before timing: flex its block mask, dflex its
-captures on the host (where a data loader hands them over); dflex's tile
-lists are built inside every timed call. Prints JSON rows and tables last.
+captures on the host (where a data loader hands them over). dflex works
+its tile lists out inside the timed calls; since the calls repeat the
+captures, all but the first take them from the spec's tile-list cache,
+as every attention layer after the first of a training step does (the new
+anchor layout rows time a mask seen for the first time). Prints JSON rows
+and tables last.
 
 --quick leaves out the causal shapes; --dflash-only measures the DFlash
 shape alone. --masks measures the other examples instead, masks of the kinds

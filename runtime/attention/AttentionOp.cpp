@@ -3,6 +3,7 @@
 #include "AttentionInternal.h"
 
 #include "dflex/Analysis/IntervalEvaluator.h"
+#include "dflex/Analysis/TileListCache.h"
 #include "dflex/Bundle/Specs.h"
 #include "dflex/Codegen/AttentionModule.h"
 #include "dflex/Expr/Semantics.h"
@@ -16,6 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
 
 namespace dflex::runtime {
 
@@ -261,8 +264,20 @@ analysis::TileList CallTileLists::build(analysis::TileListKind pass) {
   auto fail = [&](const std::string &problem) {
     throw FormatError("dflex attention '" + spec_.name + "': " + problem);
   };
+  analysis::AttentionShape shape;
+  shape.batches = problem_.batch;
+  shape.heads = problem_.qHeads;
+  shape.queryLength = problem_.queryLength;
+  shape.keyLength = problem_.keyLength;
+  const AttentionLaunch &launch =
+      pass == analysis::TileListKind::Forward ? plan_.forward.launch : plan_.backward.launch;
+  const std::vector<expr::CaptureValue> values = captures_.forProgram(spec_.mask, spec_.layout);
+  std::optional<analysis::TileListKey> key =
+      analysis::TileListKey::of(values, shape, pass, launch.blockM, launch.blockN);
+  if (key)
+    if (std::shared_ptr<const analysis::TileList> kept = spec_.tileLists->find(*key))
+      return *kept;
   if (!evaluator_) {
-    const std::vector<expr::CaptureValue> values = captures_.forProgram(spec_.mask, spec_.layout);
     std::string problem;
     evaluator_ = spec_.maskEvaluators->take();
     if (evaluator_) {
@@ -275,17 +290,12 @@ analysis::TileList CallTileLists::build(analysis::TileListKind pass) {
     if (!problem.empty())
       fail("mask '" + spec_.mask.name + "': " + problem);
   }
-  analysis::AttentionShape shape;
-  shape.batches = problem_.batch;
-  shape.heads = problem_.qHeads;
-  shape.queryLength = problem_.queryLength;
-  shape.keyLength = problem_.keyLength;
-  const AttentionLaunch &launch =
-      pass == analysis::TileListKind::Forward ? plan_.forward.launch : plan_.backward.launch;
   analysis::TileListResult list =
       analysis::buildTileList(*evaluator_, pass, shape, launch.blockM, launch.blockN);
   if (!list.ok())
     fail(list.error);
+  if (key)
+    spec_.tileLists->insert(std::move(*key), std::make_shared<const analysis::TileList>(list.list));
   return std::move(list.list);
 }
 

@@ -660,6 +660,46 @@ TEST(AttentionTileList, CoversTheMaskExactlyAtTheTilesOfEitherKernelsAndArch) {
   }
 }
 
+TEST(AttentionTileList, RepeatedCapturesReuseTheListsAndChangedOnesDoNot) {
+  TempDir dir;
+  writeBundle(dir.path().string(), {}, {{"sm_90a", "sm_120"}, true, true});
+  auto bundle = KernelBundle::open(dir.path().string());
+  const AttentionKernelSpec &spec = bundle->attention("windowed");
+  const AttentionKernelPlan plan = planAttentionKernels(*bundle, spec, 90, AttentionKernelChoice::Sm90);
+  Problem p = makeProblem(2, 300, 40, 11);
+  auto lists = [&](const std::vector<torch::Tensor> &captures) {
+    analysis::AttentionTileLists built =
+        attentionTileLists(spec, plan, captures, p.batch, p.queryLength, p.keyLength);
+    EXPECT_TRUE(built.ok()) << built.error;
+    return built;
+  };
+  auto expectCovers = [&](const analysis::AttentionTileLists &built, const std::vector<torch::Tensor> &captures) {
+    torch::Tensor mask = attentionMask(spec, captures, p.batch, p.queryLength, p.keyLength);
+    checkTileList(plan.forward.launch, built.forward, mask, true);
+    checkTileList(plan.backward.launch, built.backward, mask, false);
+  };
+  const int64_t hits = spec.tileLists->hits();
+  const analysis::AttentionTileLists first = lists(p.captures(false));
+  EXPECT_EQ(spec.tileLists->hits(), hits);
+  // The same values in other tensors (another layer of the same step).
+  const analysis::AttentionTileLists again = lists({p.docs.clone(), torch::tensor(p.window)});
+  EXPECT_EQ(spec.tileLists->hits(), hits + 2);
+  EXPECT_EQ(again.forward.entries, first.forward.entries);
+  EXPECT_EQ(again.backward.entries, first.backward.entries);
+  EXPECT_EQ(again.forward.rowOffsets, first.forward.rowOffsets);
+  // The ids changed in place (each token its own document from 100 on),
+  // then another window: new lists, each exact for its captures.
+  p.docs[1].narrow(0, 100, p.docs.size(1) - 100).copy_(torch::arange(100, p.docs.size(1), torch::kInt) + 1000);
+  const analysis::AttentionTileLists changed = lists(p.captures(false));
+  EXPECT_EQ(spec.tileLists->hits(), hits + 2);
+  EXPECT_NE(changed.forward.entries, first.forward.entries);
+  expectCovers(changed, p.captures(false));
+  p.window = 7;
+  const analysis::AttentionTileLists narrower = lists(p.captures(false));
+  EXPECT_EQ(spec.tileLists->hits(), hits + 2);
+  expectCovers(narrower, p.captures(false));
+}
+
 // --- Kernel choice --------------------------------------------------------------
 
 TEST(AttentionKernelChoice, ReadsTheEnvironment) {

@@ -16,11 +16,14 @@
 
 #include "../Conversion/DFlexToProgram/TestUtil.h"
 #include "dflex/Analysis/TileList.h"
+#include "dflex/Analysis/TileListCache.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -63,8 +66,9 @@ bool timeLists(const char *what, const expr::Program &program, const std::vector
               repeats, evictCaches.cold() ? ", caches evicted before each" : "");
   for (const Family &family : {Family{"portable", 128, 64, 64, 64},
                                Family{"hopper", 128, 128, 64, 128}}) {
-    std::vector<double> create, rebind, forward, backward, total;
+    std::vector<double> create, rebind, forward, backward, total, repeated;
     int64_t forwardEntries = 0, backwardEntries = 0;
+    analysis::TileListCache cache;
     // The runtime keeps evaluators between steps and rebinds them to each
     // step's captures (the first step creates one).
     auto kept = analysis::IntervalEvaluator::create(program, captures);
@@ -105,19 +109,42 @@ bool timeLists(const char *what, const expr::Program &program, const std::vector
       forward.push_back(micros(t1, t2));
       backward.push_back(micros(t2, t3));
       total.push_back(micros(t0, t3));
+      // A later layer of the same step: both lists answered by the cache
+      // (the key's copy of the captures, the lookup, the list's copy).
+      if (r == 0)
+        for (const auto *list : {&forwardList, &backwardList})
+          cache.insert(*analysis::TileListKey::of(captures, shape, list->list.kind, list->list.queryTile,
+                                                  list->list.keyTile),
+                       std::make_shared<const analysis::TileList>(list->list));
+      evictCaches();
+      auto c0 = Clock::now();
+      size_t answered = 0;
+      for (const auto *list : {&forwardList, &backwardList}) {
+        std::optional<analysis::TileListKey> key = analysis::TileListKey::of(
+            captures, shape, list->list.kind, list->list.queryTile, list->list.keyTile);
+        if (std::shared_ptr<const analysis::TileList> kept = key ? cache.find(*key) : nullptr) {
+          const analysis::TileList copy = *kept;
+          answered += copy.entries.size() == list->list.entries.size();
+        }
+      }
+      repeated.push_back(micros(c0, Clock::now()));
+      if (answered != 2) {
+        std::fprintf(stderr, "%s: the cache did not answer a repeated call\n", family.name);
+        return false;
+      }
       forwardEntries = static_cast<int64_t>(forwardList.list.entries.size());
       backwardEntries = static_cast<int64_t>(backwardList.list.entries.size());
     }
     std::printf("%-8s forward %lldx%lld (%lld tiles listed), backward %lldx%lld (%lld): "
                 "evaluator %.1f (rebinding a kept one: %.1f) + forward %.1f + backward %.1f us, "
-                "total %.1f us\n",
+                "total %.1f us; a repeated call's two lists from the cache %.1f us\n",
                 family.name, static_cast<long long>(family.forwardQueryTile),
                 static_cast<long long>(family.forwardKeyTile),
                 static_cast<long long>(forwardEntries),
                 static_cast<long long>(family.backwardQueryTile),
                 static_cast<long long>(family.backwardKeyTile),
                 static_cast<long long>(backwardEntries), median(create), median(rebind), median(forward),
-                median(backward), median(total));
+                median(backward), median(total), median(repeated));
   }
   return true;
 }

@@ -7,6 +7,7 @@
 // re-verified) only when a device needs them.
 #pragma once
 
+#include "dflex/Analysis/TileListCache.h"
 #include "dflex/Bundle/KernelRoles.h"
 #include "dflex/Bundle/Specs.h"
 #include "dflex/Codegen/Variant.h"
@@ -113,6 +114,9 @@ struct AttentionKernelSpec : bundle::AttentionSpec {
   std::string sourceFile, sourceSha256;
   /// The mask's evaluators for tile lists (shared by copies of the spec).
   std::shared_ptr<MaskEvaluatorPool> maskEvaluators = std::make_shared<MaskEvaluatorPool>();
+  /// The mask's last tile lists, for calls that repeat its inputs (every
+  /// layer of a step; shared by copies of the spec).
+  std::shared_ptr<analysis::TileListCache> tileLists = std::make_shared<analysis::TileListCache>();
 
   const BundleKernel &kernel(bundle::KernelRole role) const;
   /// Whether the spec has a kernel of `role` (in some arch's binary).
