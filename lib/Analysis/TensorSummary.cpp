@@ -39,25 +39,12 @@ TensorSummary::TensorSummary(const expr::CaptureValue &tensor) {
   // (contiguous tensors, the usual case, in one pass).
   const int64_t count = rows * length;
   values.resize(static_cast<size_t>(count));
-  bool contiguous = true;
-  for (int64_t d = static_cast<int64_t>(rank) - 1, expected = 1; d >= 0; expected *= tensor.sizes[d], --d)
-    contiguous = contiguous && (tensor.sizes[d] == 1 || tensor.strides[d] == expected);
-  if (contiguous) {
+  if (tensor.isRowMajor()) {
     for (int64_t n = 0; n < count; ++n)
       values[n] = loadInteger(tensor, n);
   } else {
-    std::vector<int64_t> position(rank, 0);
-    for (int64_t n = 0; n < count; ++n) {
-      int64_t offset = 0;
-      for (size_t d = 0; d < rank; ++d)
-        offset += position[d] * tensor.strides[d];
-      values[n] = loadInteger(tensor, offset);
-      for (size_t d = rank; d-- > 0;) {
-        if (++position[d] < tensor.sizes[d])
-          break;
-        position[d] = 0;
-      }
-    }
+    int64_t n = 0;
+    tensor.forEachOffset([&](int64_t offset) { values[n++] = loadInteger(tensor, offset); });
   }
   minAll = *std::min_element(values.begin(), values.end());
   maxAll = *std::max_element(values.begin(), values.end());

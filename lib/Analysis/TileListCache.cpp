@@ -35,29 +35,17 @@ template <class T> void append(std::vector<uint8_t> &bytes, const T &value) {
 void appendContents(std::vector<uint8_t> &bytes, const expr::CaptureValue &tensor, int64_t count) {
   const size_t width = elementBytes(tensor.elementType);
   const char *base = static_cast<const char *>(tensor.data);
-  const size_t rank = tensor.sizes.size();
-  bool contiguous = true;
-  for (int64_t d = static_cast<int64_t>(rank) - 1, expected = 1; d >= 0; expected *= tensor.sizes[d], --d)
-    contiguous = contiguous && (tensor.sizes[d] == 1 || tensor.strides[d] == expected);
   const size_t at = bytes.size();
   bytes.resize(at + static_cast<size_t>(count) * width);
   uint8_t *out = bytes.data() + at;
-  if (contiguous) {
+  if (tensor.isRowMajor()) {
     std::memcpy(out, base, static_cast<size_t>(count) * width);
     return;
   }
-  std::vector<int64_t> position(rank, 0);
-  for (int64_t n = 0; n < count; ++n, out += width) {
-    int64_t offset = 0;
-    for (size_t d = 0; d < rank; ++d)
-      offset += position[d] * tensor.strides[d];
+  tensor.forEachOffset([&](int64_t offset) {
     std::memcpy(out, base + offset * static_cast<int64_t>(width), width);
-    for (size_t d = rank; d-- > 0;) {
-      if (++position[d] < tensor.sizes[d])
-        break;
-      position[d] = 0;
-    }
-  }
+    out += width;
+  });
 }
 
 } // namespace

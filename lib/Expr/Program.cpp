@@ -55,6 +55,13 @@ CaptureValue CaptureValue::ofTensor(const void *data, ScalarType elementType,
   return c;
 }
 
+bool CaptureValue::isRowMajor() const {
+  bool rowMajor = true;
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1, expected = 1; d >= 0; expected *= sizes[d], --d)
+    rowMajor = rowMajor && (sizes[d] == 1 || strides[d] == expected);
+  return rowMajor;
+}
+
 std::string checkCaptures(const Program &program,
                           const std::vector<CaptureValue> &captures) {
   if (captures.size() != program.captures.size())

@@ -99,18 +99,14 @@ std::unique_ptr<LoadedAttention> loadAttention(const KernelBundle &bundle,
                       ") allows " + std::to_string(device.maxSharedMemoryPerBlockOptin));
 
   auto loaded = std::make_unique<LoadedAttention>();
-  std::map<KernelRole, const CudaModule *> moduleOf;
-  for (const KernelImage::Part &part : image.parts) {
+  for (const KernelImage::Part &part : image.parts)
     loaded->modules.push_back(std::make_unique<CudaModule>(driver, ordinal, part.image, part.label));
-    for (KernelRole role : part.roles)
-      moduleOf[role] = loaded->modules.back().get();
-  }
   CudaPrimaryContextGuard context(driver, ordinal);
   for (const Launch &entry : launches) {
     auto lowered = image.loweredNames.find(entry.role);
     if (!entry.launch || lowered == image.loweredNames.end())
       continue;
-    const CudaModule *module = moduleOf.at(entry.role);
+    const CudaModule *module = loaded->modules[image.partOf(entry.role)].get();
     const CUfunction function = module->function(lowered->second);
     const int64_t threads = entry.rowKernel ? entry.launch->rowKernelThreads : entry.launch->threads;
     const int64_t sharedBytes = entry.rowKernel ? 0 : entry.launch->sharedBytes;

@@ -13,6 +13,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <future>
 #include <mutex>
@@ -201,6 +202,13 @@ void MaskEvaluatorPool::give(std::unique_ptr<analysis::IntervalEvaluator> evalua
   std::lock_guard<std::mutex> lock(mutex_);
   if (kept_.size() < kKept)
     kept_.push_back(std::move(evaluator));
+}
+
+size_t KernelImage::partOf(KernelRole role) const {
+  for (size_t i = 0; i < parts.size(); ++i)
+    if (std::find(parts[i].roles.begin(), parts[i].roles.end(), role) != parts[i].roles.end())
+      return i;
+  throw FormatError(label + ": no part holds kernel '" + bundle::roleName(role) + "'");
 }
 
 const BundleKernel &AttentionKernelSpec::kernel(KernelRole role) const {

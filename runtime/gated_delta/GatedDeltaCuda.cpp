@@ -85,15 +85,11 @@ std::unique_ptr<LoadedGatedDelta> loadGatedDelta(const GatedDeltaBundle &bundle,
                     device.name + " (" + arch + ") allows " +
                     std::to_string(device.maxSharedMemoryPerBlockOptin));
 
-  std::map<KernelRole, const CudaModule *> moduleOf;
-  for (const KernelImage::Part &part : image.parts) {
+  for (const KernelImage::Part &part : image.parts)
     loaded->modules.push_back(std::make_unique<CudaModule>(driver, ordinal, part.image, part.label));
-    for (KernelRole role : part.roles)
-      moduleOf[role] = loaded->modules.back().get();
-  }
   CudaPrimaryContextGuard context(driver, ordinal);
   for (const BundleKernel &kernel : spec.kernels) {
-    const CudaModule *module = moduleOf.at(kernel.role);
+    const CudaModule *module = loaded->modules[image.partOf(kernel.role)].get();
     const CUfunction function = module->function(image.loweredNames.at(kernel.role));
     int maxThreads = 0;
     driver.check(api.cuFuncGetAttribute(&maxThreads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),

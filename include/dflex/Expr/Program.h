@@ -108,6 +108,28 @@ struct CaptureValue {
   /// A contiguous row-major tensor.
   static CaptureValue ofTensor(const void *data, ScalarType elementType,
                                std::vector<int64_t> sizes);
+  /// Whether the strides are those of a contiguous row-major tensor (sizes
+  /// of 1 aside), so its elements in logical order are its memory.
+  bool isRowMajor() const;
+  /// Calls visit(offset) with the memory offset, in elements, of each
+  /// element in logical row-major order, whatever the strides.
+  template <class Visit> void forEachOffset(Visit &&visit) const {
+    int64_t count = 1;
+    for (int64_t size : sizes)
+      count *= size;
+    std::vector<int64_t> position(sizes.size(), 0);
+    for (int64_t n = 0; n < count; ++n) {
+      int64_t offset = 0;
+      for (size_t d = 0; d < sizes.size(); ++d)
+        offset += position[d] * strides[d];
+      visit(offset);
+      for (size_t d = sizes.size(); d-- > 0;) {
+        if (++position[d] < sizes[d])
+          break;
+        position[d] = 0;
+      }
+    }
+  }
 };
 
 /// Whether instruction `index` of `program` depends on leading argument

@@ -218,6 +218,10 @@ TEST(GatedDeltaBundle, KernelImageIsTheCubinOfTheArch) {
   EXPECT_NE(std::find(forward.begin(), forward.end(), bundle::KernelRole::GatedDeltaForwardPrepare), forward.end());
   EXPECT_EQ(std::find(forward.begin(), forward.end(), bundle::KernelRole::GatedDeltaBackwardState), forward.end());
   EXPECT_EQ(image.parts[0].roles.size() + forward.size(), spec.kernels.size());
+  EXPECT_EQ(image.partOf(bundle::KernelRole::GatedDeltaForwardState), 1u);
+  EXPECT_EQ(image.partOf(bundle::KernelRole::GatedDeltaBackwardChunk), 0u);
+  expectError<FormatError>([&] { image.partOf(bundle::KernelRole::AttentionForward); },
+                           {"no part holds kernel 'attention_forward'"});
   EXPECT_EQ(image.arch, "sm_90a");
   EXPECT_EQ(image.loweredNames.at(bundle::KernelRole::GatedDeltaForwardState), "_Zgated_delta_forward_state_sm_90a");
   EXPECT_EQ(bundle->kernelImage(spec, "sm_120").arch, "sm_120");

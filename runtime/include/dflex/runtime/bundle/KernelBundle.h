@@ -140,6 +140,10 @@ struct KernelImage {
   std::string label;                               // where it came from, for errors
   std::map<bundle::KernelRole, std::string> loweredNames; // role -> mangled name
   bool compiled = false;                           // compiled from source at run time
+
+  /// The index in `parts` of the part holding the kernel of `role`; throws
+  /// FormatError when none does.
+  size_t partOf(bundle::KernelRole role) const;
 };
 
 class KernelBundle : public std::enable_shared_from_this<KernelBundle> {
