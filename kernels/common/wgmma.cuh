@@ -83,25 +83,37 @@ struct Sw128Tile {
 // column in every pass over the tile, kRowsPerPass rows further each time,
 // so its shared offset (the swizzle repeats every 8 rows) and its global
 // address advance by constants: a few instructions per copy, which matters
-// because the producer warps share issue slots with the consumers.
+// because the producer warps share issue slots with the consumers. A row
+// wider than the threads can cover eight rows at a time (256 columns for 128
+// threads) is copied as column groups of whole 64-column blocks, each group
+// by the same passes.
 template <class Tile, int kThreads, class Element>
 __device__ __forceinline__ void load_tile_async(unsigned tile, const Element* rows, long long row_stride,
                                                 int valid_rows, int thread) {
-  constexpr int kChunksPerRow = Tile::kCols / 8;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static_assert(kThreads % kChunksPerRow == 0 && kRowsPerPass % 8 == 0 && Tile::kRows % kRowsPerPass == 0,
+  constexpr int kGroupChunks = Tile::kCols / 8 <= kThreads / 8 ? Tile::kCols / 8 : kThreads / 8;
+  constexpr int kGroups = Tile::kCols / 8 / kGroupChunks;
+  constexpr int kRowsPerPass = kThreads / kGroupChunks;
+  static_assert(kThreads % kGroupChunks == 0 && kRowsPerPass % 8 == 0 && Tile::kRows % kRowsPerPass == 0,
                 "each thread keeps one chunk column and one swizzle row in every pass");
-  const int row0 = thread / kChunksPerRow;
-  const int col = (thread % kChunksPerRow) * 8;
+  static_assert(kGroups == 1 || (kGroupChunks % 8 == 0 && Tile::kCols % (8 * kGroupChunks) == 0),
+                "column groups are whole 64-column blocks");
+  const int row0 = thread / kGroupChunks;
+  const int col = (thread % kGroupChunks) * 8;
   const unsigned destination = tile + Tile::offset(row0, col);
   const Element* source = rows + row0 * row_stride + col;
   const long long pass_stride = kRowsPerPass * row_stride;
+  // A group starts kGroupChunks / 8 blocks of 64 columns further. Rolled: the
+  // producer warps that copy have few registers for unrolled addresses.
+  constexpr int kGroupBytes = kGroupChunks / 8 * Tile::kBlockBytes;
+#pragma unroll 1
+  for (int group = 0; group < kGroups; ++group) {
 #pragma unroll
-  for (int pass = 0; pass < Tile::kRows / kRowsPerPass; ++pass) {
-    // A row past valid_rows is not read (zero source bytes): its address may
-    // lie past the matrix.
-    cp_async_16(destination + pass * kRowsPerPass * 128, source + pass * pass_stride,
-                row0 + pass * kRowsPerPass < valid_rows);
+    for (int pass = 0; pass < Tile::kRows / kRowsPerPass; ++pass) {
+      // A row past valid_rows is not read (zero source bytes): its address may
+      // lie past the matrix.
+      cp_async_16(destination + group * kGroupBytes + pass * kRowsPerPass * 128,
+                  source + group * 8 * kGroupChunks + pass * pass_stride, row0 + pass * kRowsPerPass < valid_rows);
+    }
   }
 }
 

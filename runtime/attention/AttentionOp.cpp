@@ -4,8 +4,8 @@
 
 #include "dflex/Analysis/IntervalEvaluator.h"
 #include "dflex/Analysis/TileListCache.h"
-#include "dflex/Bundle/Specs.h"
 #include "dflex/Codegen/AttentionModule.h"
+#include "dflex/Bundle/Specs.h"
 #include "dflex/Expr/Semantics.h"
 #include "dflex/Support/Error.h"
 #include "dflex/runtime/support/SavedObject.h"
@@ -556,8 +556,11 @@ AttentionKernelPlan planAttentionKernels(const KernelBundle &bundle, const Atten
   if (choice == AttentionKernelChoice::Sm90 && !sm90Forward) {
     const bool listed = spec.hasRole(bundle::KernelRole::AttentionForwardSm90);
     std::string why;
-    if (!listed && !codegen::hasSm90Kernels(spec.qkHeadDim))
+    if (!listed && !codegen::hasSm90Forward(spec.qkHeadDim))
       why = "head_dim " + std::to_string(spec.qkHeadDim) + " has none";
+    else if (!listed && spec.binaries.count(specific) > 0)
+      why = "its " + specific + " binary was compiled before head_dim " +
+            std::to_string(spec.qkHeadDim) + " had them (compile the bundle again)";
     else if (!listed)
       why = "the bundle was compiled without them (dflex-compile --arch sm_90a)";
     else if (computeCapability != 90)

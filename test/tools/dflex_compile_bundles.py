@@ -5,8 +5,8 @@ usage: dflex_compile_bundles.py DFLEX_COMPILE EXAMPLES_DIR
 
 - every example compiles for the default archs (sm_90a and sm_120) into a bundle with
   cubins for both; each arch's binary has exactly its kernels: the portable ones
-  everywhere, the Hopper (wgmma) ones only in sm_90a (a forward for head_dim 64 and 128,
-  a backward for 128), with their launch constants, each kernel in its part (one NVRTC
+  everywhere, the Hopper (wgmma) ones only in sm_90a (a forward for head_dim 64, 128
+  and 256, a backward for 64 and 128), with their launch constants, each kernel in its part (one NVRTC
   program, PTX and cubin per pass and family: wgmma in the Hopper parts only);
 - each binary carries the launch constants of its own PTX: the portable kernels' are
   the default configs of that arch's compute capability (sm_120's own, within its
@@ -57,7 +57,8 @@ GATED_DELTA_PARTS = {"gated_delta_forward", "gated_delta_backward"}
 # Launch constants of the Hopper kernels (docs/kernels.md): threads, dynamic shared
 # bytes, tiles.
 SM90_FORWARD_LAUNCH = {64: {"threads": 384, "shared_bytes": 83016, "block_m": 128, "block_n": 128},
-                       128: {"threads": 384, "shared_bytes": 164936, "block_m": 128, "block_n": 128}}
+                       128: {"threads": 384, "shared_bytes": 164936, "block_m": 128, "block_n": 128},
+                       256: {"threads": 384, "shared_bytes": 197704, "block_m": 128, "block_n": 64}}
 SM90_BACKWARD_LAUNCH = {64: {"threads": 384, "shared_bytes": 165928, "block_m": 64, "block_n": 128,
                              "row_kernel_threads": 256},
                         128: {"threads": 384, "shared_bytes": 231464, "block_m": 64, "block_n": 128,
@@ -106,7 +107,8 @@ def expected_roles(arch, head_dim):
     """The kernel roles a binary for `arch` must have for a spec of `head_dim`."""
     if arch not in ("sm_90a", "compute_90a"):
         return PORTABLE_ROLES
-    return PORTABLE_ROLES | (SM90_FORWARD_ROLES | SM90_BACKWARD_ROLES if head_dim in (64, 128) else set())
+    return (PORTABLE_ROLES | (SM90_FORWARD_ROLES if head_dim in (64, 128, 256) else set())
+            | (SM90_BACKWARD_ROLES if head_dim in (64, 128) else set()))
 
 
 def compute_capability(arch):

@@ -23,15 +23,19 @@ struct GeneratedModule {
   VariantLayout layout;
 };
 
-/// Whether Hopper kernels (forward and backward) exist for a head dim
-/// (Sm90AttentionConfigs in kernels/attention/sm90/config.cuh): 64 and 128.
-/// Other head dims run the portable kernels only.
-bool hasSm90Kernels(int64_t headDim);
+/// Whether the Hopper forward exists for a head dim (Sm90AttentionConfigs
+/// in kernels/attention/sm90/config.cuh): 64, 128 and 256. Other head dims
+/// run the portable kernels only.
+bool hasSm90Forward(int64_t headDim);
+/// Whether the Hopper backward exists for a head dim (its kHasBackward): 64
+/// and 128. At head_dim 256 the Hopper forward pairs with the portable
+/// backward.
+bool hasSm90Backward(int64_t headDim);
 
 /// Generates the forward and backward attention kernels of `spec`: the
 /// portable kernels for every arch (with the DefaultAttentionConfigs of the
 /// compute capability each binary is compiled for), and for head dims that
-/// have them the Hopper kernels for sm_90a (roles with an "_sm90" suffix,
+/// have them the Hopper kernels (forward, backward) for sm_90a (roles with an "_sm90" suffix,
 /// their own launch constants; bundle::kSm90Target). `mask` and `scoreMod`
 /// are lowered bodies; `scoreMod`, when present, must carry its derivative
 /// (appendScoreDerivative).

@@ -84,8 +84,11 @@ struct Sm90AttentionForwardConfig {
   static constexpr int kBarrierOffset = kVOffset + kStages * KVTile::kBytes;
   static constexpr int kSharedBytes = kBarrierOffset + 8 * kBarrierCount + kSwizzleAlignment;
 
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 forward: head_dim 64 or 128 (wgmma N of O)");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 forward: head_dim 64, 128 or 256");
   static_assert(kBlockN == 64 || kBlockN == 128, "sm90 forward: key tiles of 64 or 128 (wgmma N of S)");
+  // O of 256 columns is 128 registers per consumer thread: S of more than 64
+  // keys would not fit beside it.
+  static_assert(kHeadDim < 256 || kBlockN == 64, "sm90 forward: head_dim 256 takes key tiles of 64");
   static_assert(kStages >= 2, "sm90 forward: at least two K/V stages");
   static_assert(kSharedBytes <= kMaxSharedMemoryPerBlockSm90, "sm90 forward config exceeds shared memory");
 };
@@ -142,7 +145,8 @@ struct Sm90AttentionBackwardConfig {
 };
 
 // The Hopper configurations dflex instantiates (sm_90a only). Head dims
-// without an entry use the portable kernels.
+// without an entry use the portable kernels; where kHasBackward is false,
+// the Hopper forward pairs with the portable backward.
 template <class Element, int kHeadDim>
 struct Sm90AttentionConfigs;
 
@@ -158,6 +162,13 @@ struct Sm90AttentionConfigs<Element, 128> {
   using Forward = Sm90AttentionForwardConfig<Element, 128, 128, 2>;  // 161 KB
   using Backward = Sm90AttentionBackwardConfig<Element, 128, 2>;    // 226 KB
   static constexpr bool kHasBackward = true;
+};
+
+// The backward's K, V, Q and dO tiles alone would take 192 KB at head_dim 256.
+template <class Element>
+struct Sm90AttentionConfigs<Element, 256> {
+  using Forward = Sm90AttentionForwardConfig<Element, 256, 64, 2>;  // 193 KB
+  static constexpr bool kHasBackward = false;
 };
 
 }  // namespace kernels

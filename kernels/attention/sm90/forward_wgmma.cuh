@@ -89,16 +89,22 @@ struct Sm90ForwardConsumer {
     wgmma_commit();
   }
 
-  // O += P V(j) with the P of key tile j, issued and committed.
+  // O += P V(j) with the P of key tile j, issued and committed; O's columns
+  // in products of at most 128 (head_dim 256: two, one per half of V).
+  static constexpr int kOutN = Config::kHeadDim < 128 ? Config::kHeadDim : 128;
   __device__ __forceinline__ void issue_values(int j, const PTile& p) {
     const int stage = j % kStages;
     mbarrier_wait(smem.v_full(stage), (j / kStages) & 1);
     fence_proxy_async();
     wgmma_fence();
 #pragma unroll
-    for (int step = 0; step < kKeySteps; ++step) {
-      Wgmma<Element, Config::kHeadDim>::template rs<1>(out, p[step], KVTile::mn_major(smem.v_tile(stage), 16 * step, 0),
-                                                       true);
+    for (int half = 0; half < Config::kHeadDim / kOutN; ++half) {
+      float(&out_part)[kOutN / 8][4] = *reinterpret_cast<float(*)[kOutN / 8][4]>(&out[half * kOutN / 8]);
+#pragma unroll
+      for (int step = 0; step < kKeySteps; ++step) {
+        Wgmma<Element, kOutN>::template rs<1>(out_part, p[step],
+                                              KVTile::mn_major(smem.v_tile(stage), 16 * step, half * kOutN), true);
+      }
     }
     wgmma_commit();
   }

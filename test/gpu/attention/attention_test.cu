@@ -293,7 +293,7 @@ using DefaultSm90Kernels = Sm90Kernels<typename Sm90AttentionConfigs<Element, kH
                                        typename DefaultSm90Backward<Element, kHeadDim>::Type>;
 
 // Head dims with sm_90a kernels.
-constexpr bool has_sm90_kernels(int head_dim) { return head_dim == 64 || head_dim == 128; }
+constexpr bool has_sm90_kernels(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 #endif
 
 // Which implementations --check, --time and --sweep run (--impl).

@@ -54,14 +54,16 @@ bool compile_portable(const std::string& kernels_dir, const char* arch, int head
   return compile(kernels_dir, arch, "head_dim " + std::to_string(head_dim), "attention/attention.cuh", names, false);
 }
 
-// The Hopper kernels of one head dim.
-bool compile_sm90(const std::string& kernels_dir, int head_dim) {
+// The Hopper kernels of one head dim: the forward, and the backward where it exists.
+bool compile_sm90(const std::string& kernels_dir, int head_dim, bool backward) {
   const std::string config = "dflex::kernels::Sm90AttentionConfigs<__nv_bfloat16, " + std::to_string(head_dim) + ">";
-  const std::vector<std::string> names = {
-      "dflex::kernels::attention_forward_sm90_kernel<" + config + "::Forward, GeneratedVariant>",
-      "dflex::kernels::attention_backward_sm90_kernel<" + config + "::Backward, GeneratedVariant>",
-      "dflex::kernels::attention_backward_preprocess_kernel<" + config + "::Backward>",
-      "dflex::kernels::attention_backward_grad_q_sm90_kernel<" + config + "::Backward>"};
+  std::vector<std::string> names = {
+      "dflex::kernels::attention_forward_sm90_kernel<" + config + "::Forward, GeneratedVariant>"};
+  if (backward) {
+    names.push_back("dflex::kernels::attention_backward_sm90_kernel<" + config + "::Backward, GeneratedVariant>");
+    names.push_back("dflex::kernels::attention_backward_preprocess_kernel<" + config + "::Backward>");
+    names.push_back("dflex::kernels::attention_backward_grad_q_sm90_kernel<" + config + "::Backward>");
+  }
   return compile(kernels_dir, "sm_90a", "sm90 kernels, head_dim " + std::to_string(head_dim),
                  "attention/sm90/attention_sm90.cuh", names, true);
 }
@@ -74,7 +76,8 @@ int main(int argc, char** argv) {
     for (const char* arch : {"sm_90", "sm_120"}) {
       for (int head_dim : {64, 128, 256}) ok = compile_portable(kernels_dir, arch, head_dim) && ok;
     }
-    for (int head_dim : {64, 128}) ok = compile_sm90(kernels_dir, head_dim) && ok;
+    for (int head_dim : {64, 128}) ok = compile_sm90(kernels_dir, head_dim, /*backward=*/true) && ok;
+    ok = compile_sm90(kernels_dir, 256, /*backward=*/false) && ok;
     return ok;
   });
 }

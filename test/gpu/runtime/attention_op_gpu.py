@@ -8,9 +8,9 @@ DIR holds one bundle per example, named after the example file
 (scripts/prepare_gpu.sh). Everything below runs once per kernel family
 (DFLEX_ATTENTION_KERNELS=portable, then sm90; default: both on an sm_90
 device, portable elsewhere), on the same inputs and against the same CPU
-results. With sm90 a spec whose head dim has no Hopper kernels (256) must be
-refused with that reason; head dim 64 runs the Hopper forward with the
-portable backward. Every row names the binary and the kernels that ran
+results. With sm90 every spec runs the Hopper forward, head dim 256 with the
+portable backward (a head dim without a Hopper forward would have to be
+refused with that reason). Every row names the binary and the kernels that ran
 (torch.ops.dflex.attention_kernels). For each case: bf16 q, k, v, dO on the
 device;
 o, lse, dq, dk, dv against the CPU op on the same values in float64

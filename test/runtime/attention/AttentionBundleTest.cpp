@@ -118,14 +118,34 @@ TEST(ExampleBundles, HopperKernelsAndTheirTilesPerHeadDim) {
     EXPECT_EQ(older.backward.launch, spec.launches.at("sm_90a").backward);
   }
   {
-    SCOPED_TRACE("head_dim 256: portable only");
+    SCOPED_TRACE("head_dim 256: a Hopper forward of 128 x 64 tiles, the portable backward");
     auto bundle = KernelBundle::open((bundles() / "softcap").string());
-    const AttentionKernelSpec &spec = bundle->attentionSpecs().front();
-    for (const auto &[arch, launches] : spec.launches)
-      EXPECT_FALSE(launches.forwardSm90 || launches.backwardSm90) << arch;
+    AttentionKernelSpec spec = bundle->attentionSpecs().front();
+    const AttentionLaunches &sm90a = spec.launches.at("sm_90a");
+    ASSERT_TRUE(sm90a.forwardSm90);
+    EXPECT_FALSE(sm90a.backwardSm90);
+    EXPECT_FALSE(spec.launches.at("sm_120").forwardSm90 || spec.launches.at("sm_120").backwardSm90);
+    const AttentionKernelPlan plan = planAttentionKernels(*bundle, spec, 90, Choice::Sm90);
+    EXPECT_TRUE(plan.forward.sm90);
+    EXPECT_FALSE(plan.backward.sm90);
+    EXPECT_EQ(plan.forward.launch.threads, 384);
+    EXPECT_EQ(plan.forward.launch.blockM, 128);
+    EXPECT_EQ(plan.forward.launch.blockN, 64);
+    EXPECT_LE(plan.forward.launch.sharedBytes, 232448);
+    EXPECT_EQ(plan.backward.launch, sm90a.backward);
+    EXPECT_FALSE(planAttentionKernels(*bundle, spec, 120, Choice::Auto).forward.sm90);
+
+    SCOPED_TRACE("a head_dim 256 bundle compiled before its Hopper forward existed");
+    spec.kernels.erase(std::remove_if(spec.kernels.begin(), spec.kernels.end(),
+                                      [](const BundleKernel &kernel) {
+                                        return kernel.role == bundle::KernelRole::AttentionForwardSm90;
+                                      }),
+                       spec.kernels.end());
+    spec.launches.at("sm_90a").forwardSm90.reset();
     EXPECT_FALSE(planAttentionKernels(*bundle, spec, 90, Choice::Auto).forward.sm90);
     test::expectError<FormatError>([&] { planAttentionKernels(*bundle, spec, 90, Choice::Sm90); },
-                                   {"head_dim 256 has none"});
+                                   {"sm_90a binary was compiled before head_dim 256 had them",
+                                    "compile the bundle again"});
   }
 }
 

@@ -1,8 +1,9 @@
 // RUN: dflex-compile %s --emit-cuda | FileCheck %s
 
 // The Hopper (sm_90a, wgmma) kernels are declared only under the sm_90a
-// feature macro: a forward and a backward for head_dim 64 and 128, none for
-// 256. Their launch constants sit under the same guard.
+// feature macro: a forward and a backward for head_dim 64 and 128, a forward
+// only for 256 (its backward is the portable one). Their launch constants sit
+// under the same guard.
 
 dflex.mask @causal(%b: index, %h: index, %q: index, %kv: index) {
   %r = arith.cmpi uge, %q, %kv : index
@@ -49,8 +50,12 @@ dflex.attention @d256 mask @causal heads(8, 2) head_dim(256, 256) : bf16
 // CHECK-NEXT:  #endif
 
 // CHECK-LABEL: the attention kernels of @d256.
-// CHECK-NOT:   __CUDA_ARCH_FEAT_SM90_ALL
-// CHECK-NOT:   Sm90Configs
+// CHECK:       #include "attention/sm90/attention_sm90.cuh"
+// CHECK:       using Sm90Configs = ::dflex::kernels::Sm90AttentionConfigs<__nv_bfloat16, 256>;
 // CHECK:       extern "C" __device__ const int dflex_tile_classify_launch[1]
-// CHECK-NOT:   __CUDA_ARCH_FEAT_SM90_ALL
+// CHECK:       #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// CHECK-NEXT:  extern "C" __device__ const int dflex_forward_sm90_launch[4] = {
+// CHECK-NEXT:      dflex_generated::Sm90Configs::Forward::kThreads, dflex_generated::Sm90Configs::Forward::kSharedBytes,
+// CHECK-NEXT:      dflex_generated::Sm90Configs::Forward::kBlockM, dflex_generated::Sm90Configs::Forward::kBlockN};
+// CHECK-NEXT:  #endif
 // CHECK-NOT:   _sm90_launch

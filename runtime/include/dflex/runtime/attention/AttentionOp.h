@@ -91,8 +91,10 @@ struct AttentionKernelPlan {
 
 /// The plan for `spec` of `bundle` on a device of `computeCapability`
 /// (major * 10 + minor): a pass runs its Hopper kernels when `choice` allows
-/// and the binary of `arch` has them (head_dim 64 and 128; a bundle
-/// compiled before the head_dim 64 backward existed has its forward only), with the launch constants of that binary
+/// and the binary of `arch` has them (the forward at every head dim, the
+/// backward at 64 and 128; a bundle compiled before the head_dim 64
+/// backward existed has its forward only, one compiled before the head_dim
+/// 256 forward neither), with the launch constants of that binary
 /// (KernelBundle::attentionLaunches: an arch's configs are its own; for an
 /// arch the bundle has no binary for, this compiles the source, the compile
 /// the launch then loads). Throws FormatError, saying why, when `choice` is
