@@ -1,6 +1,7 @@
 #include "dflex/runtime/attention/AttentionOp.h"
 
 #include "AttentionInternal.h"
+#include "DeviceUploads.h"
 
 #include "dflex/Analysis/IntervalEvaluator.h"
 #include "dflex/Analysis/TileListCache.h"
@@ -164,24 +165,23 @@ struct CaptureUpload {
 };
 
 /// Host tensor captures go up in one asynchronous copy, packed 16-byte
-/// aligned into one pinned buffer; each device value then points into the
+/// aligned into one buffer (DeviceUploads: a call repeating another's
+/// captures reuses that copy); each device value then points into the
 /// device copy. An empty tensor gets one zero element there: the kernels
 /// read one element of every tensor capture (sem::readOr).
 void uploadCaptures(const std::vector<CaptureUpload> &uploads, const torch::Device &device,
                     BoundCaptures &bound) {
-  std::vector<int64_t> offsets;
-  int64_t total = 0;
+  std::vector<size_t> offsets;
+  size_t total = 0;
   for (const CaptureUpload &upload : uploads) {
     offsets.push_back(total);
-    const int64_t bytes = std::max<int64_t>(upload.host.numel(), 1) * upload.host.element_size();
+    const size_t bytes = std::max<size_t>(upload.host.numel(), 1) * upload.host.element_size();
     total += (bytes + 15) / 16 * 16;
   }
-  torch::Tensor staging =
-      torch::zeros({total}, torch::TensorOptions().dtype(torch::kByte).pinned_memory(true));
+  std::vector<uint8_t> packed(total, 0);
   for (size_t i = 0; i < uploads.size(); ++i)
-    std::memcpy(staging.data_ptr<uint8_t>() + offsets[i], uploads[i].host.data_ptr(),
-                uploads[i].host.nbytes());
-  const torch::Tensor onDevice = staging.to(device, /*non_blocking=*/true);
+    std::memcpy(packed.data() + offsets[i], uploads[i].host.data_ptr(), uploads[i].host.nbytes());
+  const torch::Tensor onDevice = DeviceUploads::instance().get(device, packed);
   for (size_t i = 0; i < uploads.size(); ++i)
     bound.device[uploads[i].value].data = onDevice.data_ptr<uint8_t>() + offsets[i];
   bound.keepAlive.push_back(onDevice);
@@ -300,19 +300,15 @@ analysis::TileList CallTileLists::build(analysis::TileListKind pass) {
 }
 
 DeviceTileList uploadTileList(const analysis::TileList &list, const torch::Device &device) {
-  // Row offsets then entries (at least one, so the pointer is valid), from
-  // pinned memory, so that the copy is asynchronous (PyTorch's host
-  // allocator keeps the buffer until the copy is done).
+  // Row offsets then entries (at least one, so the pointer is valid), through
+  // DeviceUploads: a call whose list repeats another's reuses its copy.
   const size_t offsets = list.rowOffsets.size();
-  torch::Tensor host =
-      torch::empty({static_cast<int64_t>(offsets + std::max<size_t>(list.entries.size(), 1))},
-                   torch::TensorOptions().dtype(torch::kInt).pinned_memory(true));
-  int32_t *data = host.data_ptr<int32_t>();
-  std::memcpy(data, list.rowOffsets.data(), offsets * sizeof(int32_t));
-  data[offsets] = 0;
-  std::memcpy(data + offsets, list.entries.data(), list.entries.size() * sizeof(int32_t));
+  std::vector<uint8_t> bytes((offsets + std::max<size_t>(list.entries.size(), 1)) * sizeof(int32_t), 0);
+  std::memcpy(bytes.data(), list.rowOffsets.data(), offsets * sizeof(int32_t));
+  std::memcpy(bytes.data() + offsets * sizeof(int32_t), list.entries.data(),
+              list.entries.size() * sizeof(int32_t));
   DeviceTileList tiles;
-  tiles.storage = host.to(device, /*non_blocking=*/true);
+  tiles.storage = DeviceUploads::instance().get(device, bytes).view(torch::kInt);
   tiles.batches = list.batches;
   tiles.heads = list.heads;
   tiles.rowTiles = list.rowTiles;
