@@ -1,7 +1,7 @@
 #include "DeviceUploads.h"
 
 #include <c10/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstring>
@@ -32,8 +32,9 @@ DeviceUploads &DeviceUploads::instance() {
 
 torch::Tensor DeviceUploads::get(const torch::Device &device, const std::vector<uint8_t> &bytes) {
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
-  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None ||
-      bytes.size() > kMaxEntryBytes)
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capture));
+  if (capture != cudaStreamCaptureStatusNone || bytes.size() > kMaxEntryBytes)
     return copyToDevice(device, bytes);
   const size_t hash = std::hash<std::string_view>()(
       std::string_view(reinterpret_cast<const char *>(bytes.data()), bytes.size()));
