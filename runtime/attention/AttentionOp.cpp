@@ -1,7 +1,7 @@
 #include "dflex/runtime/attention/AttentionOp.h"
+#include "dflex/runtime/attention/DeviceUploads.h"
 
 #include "AttentionInternal.h"
-#include "DeviceUploads.h"
 
 #include "dflex/Analysis/IntervalEvaluator.h"
 #include "dflex/Analysis/TileListCache.h"

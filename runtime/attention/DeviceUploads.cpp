@@ -1,4 +1,4 @@
-#include "DeviceUploads.h"
+#include "dflex/runtime/attention/DeviceUploads.h"
 
 #include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
@@ -8,7 +8,7 @@
 #include <functional>
 #include <string_view>
 
-namespace dflex::runtime::detail {
+namespace dflex::runtime {
 
 namespace {
 
@@ -68,4 +68,4 @@ torch::Tensor DeviceUploads::get(const torch::Device &device, const std::vector<
   return entries_.front().tensor;
 }
 
-} // namespace dflex::runtime::detail
+} // namespace dflex::runtime

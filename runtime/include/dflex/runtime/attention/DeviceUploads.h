@@ -14,7 +14,7 @@ namespace c10::cuda {
 struct CUDAEvent;
 } // namespace c10::cuda
 
-namespace dflex::runtime::detail {
+namespace dflex::runtime {
 
 /// The read-only bytes a call uploads (its tile lists, its host tensor
 /// captures), kept on the device for the calls that repeat them: every
@@ -58,4 +58,4 @@ private:
   size_t bytes_ = 0;
 };
 
-} // namespace dflex::runtime::detail
+} // namespace dflex::runtime
