@@ -2,8 +2,9 @@
 # On the GPU machine, from the repository root: the attention op against its
 # CPU float64 reference on every example bundle, for each kernel family
 # (portable, and sm90 on an sm_90 device), then the DFlash timing of each,
-# the gated-delta op (gated_delta.sh) and the models through the kernels
-# (models.sh; needs a build with tests) (scripts/gpu_check.sh runs it):
+# the gated-delta op (gated_delta.sh), the models through the kernels
+# (models.sh; needs a build with tests) and the device-side upload cache's
+# GoogleTest (scripts/gpu_check.sh runs it):
 #   test/gpu/runtime/run.sh BUILD_DIR BUNDLES_DIR [attention_op_gpu.py options]
 # BUILD_DIR is a runtime build (configured here if it is not one yet);
 # BUNDLES_DIR holds one bundle per example, as scripts/prepare_gpu.sh makes
@@ -22,3 +23,13 @@ PYTHONUNBUFFERED=1 python3 test/gpu/runtime/attention_op_gpu.py \
   --library "$build/runtime/libdflex_torch_ops.so" --bundles "$bundles" "$@"
 bash test/gpu/runtime/gated_delta.sh "$build" "$bundles"
 bash test/gpu/runtime/models.sh "$build" "$bundles"
+# The op's uploads kept on the device (DeviceUploads.*, a GoogleTest that
+# skips without a device; models.sh made the build a test build).
+ninja -C "$build" dflex-attention-runtime-tests
+uploads=$("$build/test/runtime/attention/dflex-attention-runtime-tests" --gtest_filter='DeviceUploads.*' 2>&1) ||
+  { echo "$uploads"; exit 1; }
+echo "$uploads" | grep -E '^\[ +(OK|SKIPPED|FAILED) +\]'
+if echo "$uploads" | grep -q '^\[  SKIPPED \]'; then
+  echo "run.sh: DeviceUploads.* skipped (no CUDA device seen by LibTorch?)" >&2
+  exit 1
+fi
