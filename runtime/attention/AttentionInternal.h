@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,8 +64,9 @@ public:
                 const AttentionProblem &problem, const AttentionKernelPlan &plan);
   ~CallTileLists();
 
-  /// Throws FormatError naming the spec (and the mask) on failure.
-  analysis::TileList build(analysis::TileListKind pass);
+  /// Throws FormatError naming the spec (and the mask) on failure. The list
+  /// is shared with the spec's TileListCache (not copied on a repeat).
+  std::shared_ptr<const analysis::TileList> build(analysis::TileListKind pass);
 
 private:
   const AttentionKernelSpec &spec_;

@@ -1,14 +1,14 @@
 #include "dflex/runtime/attention/AttentionOp.h"
-#include "dflex/runtime/attention/DeviceUploads.h"
 
 #include "AttentionInternal.h"
 
 #include "dflex/Analysis/IntervalEvaluator.h"
 #include "dflex/Analysis/TileListCache.h"
-#include "dflex/Codegen/AttentionModule.h"
 #include "dflex/Bundle/Specs.h"
+#include "dflex/Codegen/AttentionModule.h"
 #include "dflex/Expr/Semantics.h"
 #include "dflex/Support/Error.h"
+#include "dflex/runtime/attention/DeviceUploads.h"
 #include "dflex/runtime/support/SavedObject.h"
 
 #include <ATen/Parallel.h>
@@ -260,7 +260,7 @@ CallTileLists::~CallTileLists() {
     spec_.maskEvaluators->give(std::move(evaluator_));
 }
 
-analysis::TileList CallTileLists::build(analysis::TileListKind pass) {
+std::shared_ptr<const analysis::TileList> CallTileLists::build(analysis::TileListKind pass) {
   auto fail = [&](const std::string &problem) {
     throw FormatError("dflex attention '" + spec_.name + "': " + problem);
   };
@@ -276,7 +276,7 @@ analysis::TileList CallTileLists::build(analysis::TileListKind pass) {
       analysis::TileListKey::of(values, shape, pass, launch.blockM, launch.blockN);
   if (key)
     if (std::shared_ptr<const analysis::TileList> kept = spec_.tileLists->find(*key))
-      return *kept;
+      return kept;
   if (!evaluator_) {
     std::string problem;
     evaluator_ = spec_.maskEvaluators->take();
@@ -294,9 +294,10 @@ analysis::TileList CallTileLists::build(analysis::TileListKind pass) {
       analysis::buildTileList(*evaluator_, pass, shape, launch.blockM, launch.blockN);
   if (!list.ok())
     fail(list.error);
+  auto built = std::make_shared<const analysis::TileList>(std::move(list.list));
   if (key)
-    spec_.tileLists->insert(std::move(*key), std::make_shared<const analysis::TileList>(list.list));
-  return std::move(list.list);
+    spec_.tileLists->insert(std::move(*key), built);
+  return built;
 }
 
 DeviceTileList uploadTileList(const analysis::TileList &list, const torch::Device &device) {
@@ -331,7 +332,7 @@ DeviceTileList callTiles(CallTileLists &lists, const AttentionProblem &problem,
   RECORD_FUNCTION(pass == analysis::TileListKind::Forward ? "dflex::attention_tile_lists (forward)"
                                                           : "dflex::attention_tile_lists (backward)",
                   std::vector<c10::IValue>());
-  return uploadTileList(lists.build(pass), device);
+  return uploadTileList(*lists.build(pass), device);
 }
 
 AttentionKernelPlan devicePlan(const KernelBundle &bundle, const AttentionKernelSpec &spec,
@@ -592,8 +593,8 @@ analysis::AttentionTileLists attentionTileLists(const AttentionKernelSpec &spec,
   const BoundCaptures bound = bindCaptures(spec, captures, std::nullopt, /*needHost=*/true);
   CallTileLists lists(spec, bound, problem, plan);
   analysis::AttentionTileLists result;
-  result.forward = lists.build(analysis::TileListKind::Forward);
-  result.backward = lists.build(analysis::TileListKind::Backward);
+  result.forward = *lists.build(analysis::TileListKind::Forward);
+  result.backward = *lists.build(analysis::TileListKind::Backward);
   return result;
 }
 
