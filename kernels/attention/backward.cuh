@@ -4,7 +4,9 @@
 //   2. attention_backward_kernel: per key tile, recompute P from Q, K and the
 //      forward LSE for every query tile that sees it (all query heads of the
 //      group), accumulate dV (half the warps) and dK (the other half) in
-//      registers, add dS K into the dQ accumulator with fp32 atomics.
+//      registers, add dS K into the dQ accumulator with fp32 vector
+//      reductions (columns grouped as the threads hold them:
+//      portable_grad_q_column).
 //   3. attention_backward_grad_q_kernel: dQ accumulator -> dQ in Element.
 // With logit = score_mod(scale * q.k):
 //   dP = dO V^T, dS = P * (dP - delta) * d logit / d(q.k),
@@ -64,6 +66,15 @@ __global__ void __launch_bounds__(kRowKernelThreads) attention_backward_preproce
   for (int i = lane; i < kHeadDim / 4; i += 32) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
+// With Config::kGradQQuads the accumulator holds each 16-column group of a
+// row as the quads the backward adds: the thread of quad lane t holds columns
+// 2t, 2t + 1 of both 8-column blocks, stored at 4t .. 4t + 3. The first of
+// the two dQ columns whose accumulator quad starts at `position` (a multiple
+// of 4); the other pair is 8 columns on.
+__device__ __forceinline__ int portable_grad_q_column(int position) {
+  return (position & ~15) | ((position & 15) >> 1);
+}
+
 // Grid: ceil(batch * q_heads * q_len / (kRowKernelThreads / 32)); kRowKernelThreads threads.
 template <class Config>
 __global__ void __launch_bounds__(kRowKernelThreads) attention_backward_grad_q_kernel(const AttentionBackwardParams params) {
@@ -74,13 +85,23 @@ __global__ void __launch_bounds__(kRowKernelThreads) attention_backward_grad_q_k
   if (row.batch >= shape.batch) return;
   const int lane = threadIdx.x & 31;
 
-  const float2* accum = reinterpret_cast<const float2*>(params.grad_q_accum + row.flat * kHeadDim);
+  const float* accum = params.grad_q_accum + row.flat * kHeadDim;
   Element* grad_q = static_cast<Element*>(params.grad_q) + row.batch * params.grad_q_strides.batch +
                     row.head * params.grad_q_strides.head + row.q * params.grad_q_strides.row;
+  if constexpr (Config::kGradQQuads) {
 #pragma unroll
-  for (int pair = lane; pair < kHeadDim / 2; pair += 32) {
-    const float2 value = accum[pair];
-    *reinterpret_cast<unsigned*>(grad_q + 2 * pair) = ElementTraits<Element>::pack(value.x, value.y);
+    for (int quad = lane; quad < kHeadDim / 4; quad += 32) {
+      const float4 value = reinterpret_cast<const float4*>(accum)[quad];
+      const int col = portable_grad_q_column(4 * quad);
+      *reinterpret_cast<unsigned*>(grad_q + col) = ElementTraits<Element>::pack(value.x, value.y);
+      *reinterpret_cast<unsigned*>(grad_q + col + 8) = ElementTraits<Element>::pack(value.z, value.w);
+    }
+  } else {
+#pragma unroll
+    for (int pair = lane; pair < kHeadDim / 2; pair += 32) {
+      const float2 value = reinterpret_cast<const float2*>(accum)[pair];
+      *reinterpret_cast<unsigned*>(grad_q + 2 * pair) = ElementTraits<Element>::pack(value.x, value.y);
+    }
   }
 }
 
@@ -269,10 +290,15 @@ __global__ void __launch_bounds__(Config::kThreads)
     float grad_p[kScoreBlocks][4];
     zero(scores);
     zero(grad_p);
-    warp_mma<Element, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(scores, q_tile, score_row0, 0,
-                                                                              k_tile, score_col0, 0, lane);
-    warp_mma<Element, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(grad_p, grad_o_tile, score_row0, 0,
-                                                                              v_tile, score_col0, 0, lane);
+    if constexpr (Config::kInterleaveScores) {
+      warp_mma_two<Element, kScoreBlocks, kHeadDim / 16, QTile, KVTile>(scores, q_tile, k_tile, grad_p, grad_o_tile,
+                                                                       v_tile, score_row0, score_col0, lane);
+    } else {
+      warp_mma<Element, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(scores, q_tile, score_row0, 0,
+                                                                                k_tile, score_col0, 0, lane);
+      warp_mma<Element, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(grad_p, grad_o_tile, score_row0, 0,
+                                                                                v_tile, score_col0, 0, lane);
+    }
 
     // P and dS in place of the score and dP accumulators.
     const int row_upper = score_row0 + (lane >> 2);
@@ -302,8 +328,9 @@ __global__ void __launch_bounds__(Config::kThreads)
     // dQ += dS K, straight into the fp32 accumulator of (head, q_start). One
     // address register and constant offsets for all of a thread's reductions:
     // a reduction holds its registers until the memory pipe has read them.
-    float* thread_accum = params.grad_q_accum +
-                          (current_row + q_start + query_row0 + (lane >> 2)) * kHeadDim + query_col0 + 2 * (lane & 3);
+    float* thread_accum =
+        params.grad_q_accum + (current_row + q_start + query_row0 + (lane >> 2)) * kHeadDim + query_col0 +
+        (Config::kGradQQuads ? 4 : 2) * (lane & 3);
     const int rows_left = shape.q_len - (q_start + query_row0 + (lane >> 2));  // > row offset: in range
 #pragma unroll
     for (int chunk = 0; chunk < Config::kQueryCols / Config::kGradQChunk; ++chunk) {
@@ -319,10 +346,20 @@ __global__ void __launch_bounds__(Config::kThreads)
         for (int half = 0; half < 2; ++half) {
           const int row_offset = 16 * m + 8 * half;
           if (row_offset < rows_left) {
+            float* row_accum = thread_accum + row_offset * kHeadDim + chunk * Config::kGradQChunk;
+            if constexpr (Config::kGradQQuads) {
+              // Column blocks 2p and 2p + 1 of the thread's pairs as one
+              // quad (portable_grad_q_column).
 #pragma unroll
-            for (int j = 0; j < kChunkBlocks; ++j) {
-              global_add_pair(thread_accum + row_offset * kHeadDim + chunk * Config::kGradQChunk + 8 * j,
-                              grad_q[m][j][2 * half], grad_q[m][j][2 * half + 1]);
+              for (int p = 0; p < kChunkBlocks / 2; ++p) {
+                global_add_quad(row_accum + 16 * p, grad_q[m][2 * p][2 * half], grad_q[m][2 * p][2 * half + 1],
+                                grad_q[m][2 * p + 1][2 * half], grad_q[m][2 * p + 1][2 * half + 1]);
+              }
+            } else {
+#pragma unroll
+              for (int j = 0; j < kChunkBlocks; ++j) {
+                global_add_pair(row_accum + 8 * j, grad_q[m][j][2 * half], grad_q[m][j][2 * half + 1]);
+              }
             }
           }
         }

@@ -164,6 +164,34 @@ __device__ __forceinline__ void warp_mma(float (&acc)[kBlocksN][4], const Elemen
       reinterpret_cast<float(&)[1][kBlocksN][4]>(acc), a_tile, a_row0, a_k0, b_tile, b_n0, b_k0, lane);
 }
 
+// Two independent warp_mma products of one shape (A tiles [M][K], B tiles
+// [N][K]) in one loop: each step loads both products' fragments, then issues
+// both products' mma, so that twice the independent accumulators hide the
+// latency of ldmatrix and of the mma chains.
+template <class Element, int kBlocksN, int kSteps, class ATile, class BTile>
+__device__ __forceinline__ void warp_mma_two(float (&acc0)[kBlocksN][4], const Element* a0_tile,
+                                             const Element* b0_tile, float (&acc1)[kBlocksN][4],
+                                             const Element* a1_tile, const Element* b1_tile, int a_row0, int b_n0,
+                                             int lane) {
+  static_assert(kBlocksN % 2 == 0, "B fragments are loaded two 8-column blocks at a time");
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    unsigned a0[4], a1[4];
+    load_a<ATile>(a0, a0_tile, a_row0, step * 16, lane);
+    load_a<ATile>(a1, a1_tile, a_row0, step * 16, lane);
+#pragma unroll
+    for (int pair = 0; pair < kBlocksN / 2; ++pair) {
+      unsigned b0[4], b1[4];
+      load_b_pair<BTile>(b0, b0_tile, b_n0 + pair * 16, step * 16, lane);
+      load_b_pair<BTile>(b1, b1_tile, b_n0 + pair * 16, step * 16, lane);
+      ElementTraits<Element>::mma(acc0[2 * pair], a0, b0[0], b0[1]);
+      ElementTraits<Element>::mma(acc1[2 * pair], a1, b1[0], b1[1]);
+      ElementTraits<Element>::mma(acc0[2 * pair + 1], a0, b0[2], b0[3]);
+      ElementTraits<Element>::mma(acc1[2 * pair + 1], a1, b1[2], b1[3]);
+    }
+  }
+}
+
 template <int kBlocksN>
 __device__ __forceinline__ void zero(float (&acc)[kBlocksN][4]) {
 #pragma unroll
