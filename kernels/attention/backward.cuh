@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kRowKernelThreads) attention_backward_preproce
   for (int i = lane; i < kHeadDim / 4; i += 32) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// With Config::kGradQQuads the accumulator holds each 16-column group of a
+// The accumulator holds each 16-column group of a
 // row as the quads the backward adds: the thread of quad lane t holds columns
 // 2t, 2t + 1 of both 8-column blocks, stored at 4t .. 4t + 3. The first of
 // the two dQ columns whose accumulator quad starts at `position` (a multiple
@@ -88,20 +88,12 @@ __global__ void __launch_bounds__(kRowKernelThreads) attention_backward_grad_q_k
   const float* accum = params.grad_q_accum + row.flat * kHeadDim;
   Element* grad_q = static_cast<Element*>(params.grad_q) + row.batch * params.grad_q_strides.batch +
                     row.head * params.grad_q_strides.head + row.q * params.grad_q_strides.row;
-  if constexpr (Config::kGradQQuads) {
 #pragma unroll
-    for (int quad = lane; quad < kHeadDim / 4; quad += 32) {
-      const float4 value = reinterpret_cast<const float4*>(accum)[quad];
-      const int col = portable_grad_q_column(4 * quad);
-      *reinterpret_cast<unsigned*>(grad_q + col) = ElementTraits<Element>::pack(value.x, value.y);
-      *reinterpret_cast<unsigned*>(grad_q + col + 8) = ElementTraits<Element>::pack(value.z, value.w);
-    }
-  } else {
-#pragma unroll
-    for (int pair = lane; pair < kHeadDim / 2; pair += 32) {
-      const float2 value = reinterpret_cast<const float2*>(accum)[pair];
-      *reinterpret_cast<unsigned*>(grad_q + 2 * pair) = ElementTraits<Element>::pack(value.x, value.y);
-    }
+  for (int quad = lane; quad < kHeadDim / 4; quad += 32) {
+    const float4 value = reinterpret_cast<const float4*>(accum)[quad];
+    const int col = portable_grad_q_column(4 * quad);
+    *reinterpret_cast<unsigned*>(grad_q + col) = ElementTraits<Element>::pack(value.x, value.y);
+    *reinterpret_cast<unsigned*>(grad_q + col + 8) = ElementTraits<Element>::pack(value.z, value.w);
   }
 }
 
@@ -290,15 +282,8 @@ __global__ void __launch_bounds__(Config::kThreads)
     float grad_p[kScoreBlocks][4];
     zero(scores);
     zero(grad_p);
-    if constexpr (Config::kInterleaveScores) {
-      warp_mma_two<Element, kScoreBlocks, kHeadDim / 16, QTile, KVTile>(scores, q_tile, k_tile, grad_p, grad_o_tile,
-                                                                       v_tile, score_row0, score_col0, lane);
-    } else {
-      warp_mma<Element, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(scores, q_tile, score_row0, 0,
-                                                                                k_tile, score_col0, 0, lane);
-      warp_mma<Element, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(grad_p, grad_o_tile, score_row0, 0,
-                                                                                v_tile, score_col0, 0, lane);
-    }
+    warp_mma_two<Element, kScoreBlocks, kHeadDim / 16, QTile, KVTile>(scores, q_tile, k_tile, grad_p, grad_o_tile,
+                                                                     v_tile, score_row0, score_col0, lane);
 
     // P and dS in place of the score and dP accumulators.
     const int row_upper = score_row0 + (lane >> 2);
@@ -330,7 +315,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     // a reduction holds its registers until the memory pipe has read them.
     float* thread_accum =
         params.grad_q_accum + (current_row + q_start + query_row0 + (lane >> 2)) * kHeadDim + query_col0 +
-        (Config::kGradQQuads ? 4 : 2) * (lane & 3);
+        4 * (lane & 3);
     const int rows_left = shape.q_len - (q_start + query_row0 + (lane >> 2));  // > row offset: in range
 #pragma unroll
     for (int chunk = 0; chunk < Config::kQueryCols / Config::kGradQChunk; ++chunk) {
@@ -347,19 +332,12 @@ __global__ void __launch_bounds__(Config::kThreads)
           const int row_offset = 16 * m + 8 * half;
           if (row_offset < rows_left) {
             float* row_accum = thread_accum + row_offset * kHeadDim + chunk * Config::kGradQChunk;
-            if constexpr (Config::kGradQQuads) {
-              // Column blocks 2p and 2p + 1 of the thread's pairs as one
-              // quad (portable_grad_q_column).
+            // Column blocks 2p and 2p + 1 of the thread's pairs as one quad
+            // (portable_grad_q_column).
 #pragma unroll
-              for (int p = 0; p < kChunkBlocks / 2; ++p) {
-                global_add_quad(row_accum + 16 * p, grad_q[m][2 * p][2 * half], grad_q[m][2 * p][2 * half + 1],
-                                grad_q[m][2 * p + 1][2 * half], grad_q[m][2 * p + 1][2 * half + 1]);
-              }
-            } else {
-#pragma unroll
-              for (int j = 0; j < kChunkBlocks; ++j) {
-                global_add_pair(row_accum + 8 * j, grad_q[m][j][2 * half], grad_q[m][j][2 * half + 1]);
-              }
+            for (int p = 0; p < kChunkBlocks / 2; ++p) {
+              global_add_quad(row_accum + 16 * p, grad_q[m][2 * p][2 * half], grad_q[m][2 * p][2 * half + 1],
+                              grad_q[m][2 * p + 1][2 * half], grad_q[m][2 * p + 1][2 * half + 1]);
             }
           }
         }

@@ -44,12 +44,9 @@ struct AttentionForwardConfig {
 // independent accumulators (shared-memory reads and mma latency are what
 // bound this kernel); splitting dV from dK keeps the registers per thread
 // what one block of each would cost.
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kGradQChunk_,
-          bool kInterleaveScores_ = true, bool kGradQQuads_ = true>
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kGradQChunk_>
 struct AttentionBackwardConfig {
   using Element = Element_;
-  static constexpr bool kInterleaveScores = kInterleaveScores_;
-  static constexpr bool kGradQQuads = kGradQQuads_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;

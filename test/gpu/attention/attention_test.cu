@@ -211,8 +211,7 @@ struct PortableKernels {
   }
   static std::string backward_label() {
     return "bwd " + config_shape(Backward::kBlockM, Backward::kBlockN) + " w" + std::to_string(Backward::kWarps) +
-           " c" + std::to_string(Backward::kGradQChunk) + (Backward::kInterleaveScores ? " i" : "") +
-           (Backward::kGradQQuads ? " q4" : "");
+           " c" + std::to_string(Backward::kGradQChunk);
   }
   template <class Variant>
   static void forward(const AttentionForwardParams& params, const Variant& variant) {
@@ -956,9 +955,6 @@ void run_sweep() {
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 128, 8, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>>(t);
-      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 32, false, false>>>(t);
-      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 32, true, false>>>(t);
-      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 32, false, true>>>(t);
     }
 #ifdef DFLEX_TEST_SM90
     if (sm90_selected()) {
