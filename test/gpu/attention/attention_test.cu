@@ -211,7 +211,7 @@ struct PortableKernels {
   }
   static std::string backward_label() {
     return "bwd " + config_shape(Backward::kBlockM, Backward::kBlockN) + " w" + std::to_string(Backward::kWarps) +
-           " c" + std::to_string(Backward::kGradQChunk);
+           " c" + std::to_string(Backward::kGradQChunk) + (Backward::kSplitScores ? " split" : "");
   }
   template <class Variant>
   static void forward(const AttentionForwardParams& params, const Variant& variant) {
@@ -953,8 +953,14 @@ void run_sweep() {
     if (g_run_portable) {
       time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(t);
-      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 128, 8, 16>>>(t);
+      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(t);
+      time_kernels<
+          PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16, true>>>(t);
+      time_kernels<
+          PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 32, true>>>(t);
+      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>>(t);
+      time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
     }
 #ifdef DFLEX_TEST_SM90
     if (sm90_selected()) {
@@ -967,6 +973,19 @@ void run_sweep() {
     }
 #endif
   });
+  if (!g_run_portable) return;
+  const Problem causal{1, 32, 8, 8192, 8192, 128, 1.0 / std::sqrt(128.0)};
+  const auto causal_problem = make_timing_problem("causal 8192", causal, 1, CausalVariant{}, CausalVariant{});
+  time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(causal_problem);
+  time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(
+      causal_problem);
+  time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16, true>>>(
+      causal_problem);
+  using Wide = DefaultAttentionConfigs<Element, 256>;
+  const Problem causal_wide{1, 16, 4, 8192, 8192, 256, 1.0 / std::sqrt(256.0)};
+  const auto wide_problem = make_timing_problem("causal 8192 d256", causal_wide, 1, CausalVariant{}, CausalVariant{});
+  time_kernels<PortableKernels<Wide::Forward, Wide::Backward>>(wide_problem);
+  time_kernels<PortableKernels<Wide::Forward, AttentionBackwardConfig<Element, 256, 32, 32, 4, 16>>>(wide_problem);
 }
 
 }  // namespace
