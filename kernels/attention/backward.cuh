@@ -97,28 +97,11 @@ __global__ void __launch_bounds__(kRowKernelThreads) attention_backward_grad_q_k
   }
 }
 
-// P and its slope P * d logit / d(q.k) (dS = slope * (dP - delta)) of
-// element (j, i) of a warp's score fragments, the pair (q0 + 8 * (i / 2),
-// kv0 + 8 * j + i % 2); both 0 where hidden. kChecked hides the pairs whose
-// bit in `shown` (LogitMap::visibility) is clear and evaluates the score_mod
-// on the pair clamped into range; the caller picks the instantiation once
-// per tile. Selects, not branches.
-template <bool kChecked, class Variant>
-__device__ __forceinline__ float2 probability_and_slope(const LogitMap<Variant>& logits, unsigned long long shown,
-                                                        int q0, int kv0, int j, int i, const AttentionShape& shape,
-                                                        float score, float lse_log2) {
-  int q = q0 + 8 * (i >> 1);
-  int kv = kv0 + 8 * j + (i & 1);
-  if constexpr (kChecked) {
-    q = min(q, shape.q_len - 1);
-    kv = min(kv, shape.kv_len - 1);
-  }
-  const float p = fast_exp2(logits.logit(score, q, kv) - lse_log2);
-  const bool visible = !kChecked || ((shown >> (4 * j + i)) & 1);
-  return visible ? make_float2(p, p * logits.logit_grad(score, q, kv)) : make_float2(0.f, 0.f);
-}
-
-// P in place of the score accumulators and, in place of dP, dS.
+// P and, in place of dP, dS = P * (dP - delta) * d logit / d(q.k) of a warp's
+// score fragments: element (j, i) is the pair (q0 + 8 * (i / 2), kv0 + 8 * j +
+// i % 2). kChecked hides the pairs whose bit in `shown` (LogitMap::visibility)
+// is clear and evaluates the score_mod on the pair clamped into range; the
+// caller picks the instantiation once per tile. Selects, not branches.
 template <bool kChecked, class Variant, int kBlocks>
 __device__ __forceinline__ void backward_gradients(const LogitMap<Variant>& logits, unsigned long long shown, int q0,
                                                    int kv0, const AttentionShape& shape, const float (&lse_log2)[2],
@@ -128,33 +111,18 @@ __device__ __forceinline__ void backward_gradients(const LogitMap<Variant>& logi
   for (int j = 0; j < kBlocks; ++j) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 p = probability_and_slope<kChecked>(logits, shown, q0, kv0, j, i, shape, scores[j][i],
-                                                       lse_log2[i >> 1]);
-      scores[j][i] = p.x;
-      grad_p[j][i] = p.y * (grad_p[j][i] - delta[i >> 1]);
+      int q = q0 + 8 * (i >> 1);
+      int kv = kv0 + 8 * j + (i & 1);
+      if constexpr (kChecked) {
+        q = min(q, shape.q_len - 1);
+        kv = min(kv, shape.kv_len - 1);
+      }
+      const float p = fast_exp2(logits.logit(scores[j][i], q, kv) - lse_log2[i >> 1]);
+      const float grad_s = p * (grad_p[j][i] - delta[i >> 1]) * logits.logit_grad(scores[j][i], q, kv);
+      const bool visible = !kChecked || ((shown >> (4 * j + i)) & 1);
+      scores[j][i] = visible ? p : 0.f;
+      grad_p[j][i] = visible ? grad_s : 0.f;
     }
-  }
-}
-
-// kSplitScores: P in place of the score accumulators, and the slopes into
-// `slopes` (element quad j of the thread at slopes[32 * j]) for the warp
-// that holds the same elements of dP.
-template <bool kChecked, class Variant, int kBlocks>
-__device__ __forceinline__ void backward_probabilities(const LogitMap<Variant>& logits, unsigned long long shown,
-                                                       int q0, int kv0, const AttentionShape& shape,
-                                                       const float (&lse_log2)[2], float (&scores)[kBlocks][4],
-                                                       float4* slopes) {
-#pragma unroll
-  for (int j = 0; j < kBlocks; ++j) {
-    float slope[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 p = probability_and_slope<kChecked>(logits, shown, q0, kv0, j, i, shape, scores[j][i],
-                                                       lse_log2[i >> 1]);
-      scores[j][i] = p.x;
-      slope[i] = p.y;
-    }
-    slopes[32 * j] = make_float4(slope[0], slope[1], slope[2], slope[3]);
   }
 }
 
@@ -174,7 +142,6 @@ __global__ void __launch_bounds__(Config::kThreads)
   constexpr int kBlockN = Config::kBlockN;
   constexpr int kThreads = Config::kThreads;
   constexpr int kScoreBlocks = Config::kScoreCols / 8;
-  constexpr int kScoreMAtoms = Config::kScoreMAtoms;
   constexpr int kKeyBlocks = Config::kKeyCols / 8;
   constexpr int kKeyMAtoms = Config::kKeyMAtoms;
   constexpr int kQueryMAtoms = Config::kQueryMAtoms;
@@ -189,21 +156,13 @@ __global__ void __launch_bounds__(Config::kThreads)
   Element* grad_s_tile = p_tile + kBlockM * kBlockN;
   float* lse_tile = reinterpret_cast<float*>(grad_s_tile + kBlockM * kBlockN);
   float* delta_tile = lse_tile + kBlockM;
-  float4* slope_tile = reinterpret_cast<float4*>(delta_tile + kBlockM);  // kSplitScores: P * d logit
 
   const AttentionShape& shape = params.shape;
   const int thread = threadIdx.x;
   const int lane = thread & 31;
   const int warp = thread >> 5;
-  // kSplitScores: warp w < kScoreWarps computes S, warp kScoreWarps + w the
-  // same elements of dP (a "gradient warp").
-  const bool gradient_warp = Config::kSplitScores && warp >= Config::kScoreWarps;
-  const int score_warp = warp % Config::kScoreWarps;
-  const int score_row0 = (score_warp / Config::kScoreWarpsN) * 16 * kScoreMAtoms;
-  const int score_col0 = (score_warp % Config::kScoreWarpsN) * Config::kScoreCols;
-  // Named barriers of kSplitScores (0 is __syncthreads): every S warp's P
-  // stored; every dS stored; then one per pair of warps, its slopes stored.
-  constexpr unsigned kProbabilitiesBarrier = 1, kGradientsBarrier = 2, kSlopesBarrier0 = 3;
+  const int score_row0 = (warp / Config::kScoreWarpsN) * 16;
+  const int score_col0 = (warp % Config::kScoreWarpsN) * Config::kScoreCols;
   const bool value_warp = warp < Config::kProductWarps;  // accumulates dV; the others dK
   const int product_warp = value_warp ? warp : warp - Config::kProductWarps;
   const int key_row0 = (product_warp / Config::kKeyWarpsN) * 16 * kKeyMAtoms;
@@ -305,93 +264,39 @@ __global__ void __launch_bounds__(Config::kThreads)
     const LogitMap<Variant> logits(variant, batch, head, shape.scale);
     const int thread_q = q_start + score_row0 + (lane >> 2);
     const int thread_kv = kv_start + score_col0 + 2 * (lane & 3);
-    // Positions only: worked out before the products, while fewer registers
-    // are live. Gradient warps need none: their elements' slopes are 0 where hidden.
-    unsigned long long shown[kScoreMAtoms];
-#pragma unroll
-    for (int m = 0; m < kScoreMAtoms; ++m) shown[m] = ~0ull;
-    if (checked && !gradient_warp) {
-      if (partial && head != staged_head) {
-        logits.template stage_varying<Config::kScoreCols, false, ColumnStage::kUsed>(
-            warp_columns, kv_start + score_col0, shape.q_len, shape.kv_len, lane);
-        staged_head = head;
-      }
-#pragma unroll
-      for (int m = 0; m < kScoreMAtoms; ++m) {
-        shown[m] = logits.template visibility<kScoreBlocks, false, ColumnStage::kUsed>(
-            partial, thread_q + 16 * m, thread_kv, shape.q_len, shape.kv_len, warp_columns + 2 * (lane & 3));
-      }
+    // Positions only: worked out before the products, while fewer registers are live.
+    if (partial && head != staged_head) {
+      logits.template stage_varying<Config::kScoreCols, false, ColumnStage::kUsed>(
+          warp_columns, kv_start + score_col0, shape.q_len, shape.kv_len, lane);
+      staged_head = head;
     }
+    const unsigned long long shown =
+        checked ? logits.template visibility<kScoreBlocks, false, ColumnStage::kUsed>(
+                      partial, thread_q, thread_kv, shape.q_len, shape.kv_len, warp_columns + 2 * (lane & 3))
+                : ~0ull;
 
     cp_async_wait<0>();  // Q, dO, LSE, delta (and on the first pass K, V) have landed
     __syncthreads();     // ... for every thread, and everyone is done with the previous dS
 
-    const int row_upper = score_row0 + (lane >> 2);
-    if constexpr (Config::kSplitScores) {
-      // S (then P) on the first half of the warps, dP (then dS) on the
-      // second; the value warps are the first half, so each half goes on to
-      // its dV or dK product as soon as its own P or dS is complete.
-      float scores[kScoreMAtoms][kScoreBlocks][4];
-      zero(scores);
-      warp_mma_rows<Element, kScoreMAtoms, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(
-          scores, gradient_warp ? grad_o_tile : q_tile, score_row0, 0, gradient_warp ? v_tile : k_tile, score_col0,
-          0, lane);
-      float4* slopes = slope_tile + score_warp * (kScoreMAtoms * kScoreBlocks * 32) + lane;
-      const unsigned slopes_barrier = kSlopesBarrier0 + score_warp;
-      if (!gradient_warp) {
-#pragma unroll
-        for (int m = 0; m < kScoreMAtoms; ++m) {
-          const int row = row_upper + 16 * m;
-          const float row_lse[2] = {exponent_offset(lse_tile[row]), exponent_offset(lse_tile[row + 8])};
-          if (checked) {
-            backward_probabilities<true>(logits, shown[m], thread_q + 16 * m, thread_kv, shape, row_lse, scores[m],
-                                         slopes + 32 * kScoreBlocks * m);
-          } else {
-            backward_probabilities<false>(logits, shown[m], thread_q + 16 * m, thread_kv, shape, row_lse,
-                                          scores[m], slopes + 32 * kScoreBlocks * m);
-          }
-          store_accumulator<ScoreTile>(p_tile, scores[m], 1.f, 1.f, score_row0 + 16 * m, score_col0, lane);
-        }
-        named_barrier_arrive(slopes_barrier, 64);
-        named_barrier_sync(kProbabilitiesBarrier, Config::kScoreWarps * 32);
-      } else {
-        named_barrier_sync(slopes_barrier, 64);
-#pragma unroll
-        for (int m = 0; m < kScoreMAtoms; ++m) {
-          const int row = row_upper + 16 * m;
-          const float row_delta[2] = {delta_tile[row], delta_tile[row + 8]};
-#pragma unroll
-          for (int j = 0; j < kScoreBlocks; ++j) {
-            const float4 slope = slopes[32 * (kScoreBlocks * m + j)];
-            scores[m][j][0] = slope.x * (scores[m][j][0] - row_delta[0]);
-            scores[m][j][1] = slope.y * (scores[m][j][1] - row_delta[0]);
-            scores[m][j][2] = slope.z * (scores[m][j][2] - row_delta[1]);
-            scores[m][j][3] = slope.w * (scores[m][j][3] - row_delta[1]);
-          }
-          store_accumulator<ScoreTile>(grad_s_tile, scores[m], 1.f, 1.f, score_row0 + 16 * m, score_col0, lane);
-        }
-        named_barrier_sync(kGradientsBarrier, Config::kScoreWarps * 32);
-      }
-    } else {
-      float scores[kScoreBlocks][4];
-      float grad_p[kScoreBlocks][4];
-      zero(scores);
-      zero(grad_p);
-      warp_mma_two<Element, kScoreBlocks, kHeadDim / 16, QTile, KVTile>(scores, q_tile, k_tile, grad_p, grad_o_tile,
-                                                                       v_tile, score_row0, score_col0, lane);
+    float scores[kScoreBlocks][4];
+    float grad_p[kScoreBlocks][4];
+    zero(scores);
+    zero(grad_p);
+    warp_mma_two<Element, kScoreBlocks, kHeadDim / 16, QTile, KVTile>(scores, q_tile, k_tile, grad_p, grad_o_tile,
+                                                                     v_tile, score_row0, score_col0, lane);
 
-      // P and dS in place of the score and dP accumulators.
-      const float row_lse[2] = {exponent_offset(lse_tile[row_upper]), exponent_offset(lse_tile[row_upper + 8])};
-      const float row_delta[2] = {delta_tile[row_upper], delta_tile[row_upper + 8]};
-      if (checked) {
-        backward_gradients<true>(logits, shown[0], thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p);
-      } else {
-        backward_gradients<false>(logits, shown[0], thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p);
-      }
-      store_accumulator<ScoreTile>(p_tile, scores, 1.f, 1.f, score_row0, score_col0, lane);
-      store_accumulator<ScoreTile>(grad_s_tile, grad_p, 1.f, 1.f, score_row0, score_col0, lane);
-      __syncthreads();
+    // P and dS in place of the score and dP accumulators.
+    const int row_upper = score_row0 + (lane >> 2);
+    const float row_lse[2] = {exponent_offset(lse_tile[row_upper]), exponent_offset(lse_tile[row_upper + 8])};
+    const float row_delta[2] = {delta_tile[row_upper], delta_tile[row_upper + 8]};
+    if (checked) {
+      backward_gradients<true>(logits, shown, thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p);
+    } else {
+      backward_gradients<false>(logits, shown, thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p);
     }
+    store_accumulator<ScoreTile>(p_tile, scores, 1.f, 1.f, score_row0, score_col0, lane);
+    store_accumulator<ScoreTile>(grad_s_tile, grad_p, 1.f, 1.f, score_row0, score_col0, lane);
+    __syncthreads();
 
     // dV += P^T dO on the value warps, dK += dS^T Q on the others.
     warp_mma_rows<Element, kKeyMAtoms, kKeyBlocks, kBlockM / 16, true, true, ScoreTile, QTile>(

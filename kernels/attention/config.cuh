@@ -34,22 +34,17 @@ struct AttentionForwardConfig {
 // holding dK and dV of its tile in registers while it walks, for each query
 // head of the group, the query tiles (kBlockM) that see the key tile.
 // Three warp layouts share the block's warps:
-//   scores  S, dP   kBlockM x kBlockN: every warp computes both, or, with
-//                   kSplitScores, the first half of the warps S (then P) and
-//                   the second half dP (then dS), handing P * d logit through
-//                   an fp32 exchange tile; kScoreMAtoms 16-row blocks per warp
+//   scores  S, dP   kBlockM x kBlockN: every warp, kBlockM/16 warp rows
 //   dV | dK         kBlockN x kHeadDim: the first half of the warps accumulates
 //                   dV, the second half dK, each warp kKeyMAtoms 16-row blocks
 //   dQ              kBlockM x kHeadDim: kQueryMAtoms 16-row blocks per warp, in
 //                   column chunks of kGradQChunk
-// Two 16-row blocks per warp in the products let each B fragment read from
-// shared memory serve both, and give each warp twice the independent
-// accumulators (shared-memory reads and mma latency are what bound this
-// kernel); splitting dV from dK keeps the registers per thread what one
-// block of each would cost, and splitting S from dP does the same for the
-// score products.
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kGradQChunk_,
-          bool kSplitScores_ = false>
+// Two 16-row blocks per warp in the dV/dK and dQ products let each B
+// fragment read from shared memory serve both, and give each warp twice the
+// independent accumulators (shared-memory reads and mma latency are what
+// bound this kernel); splitting dV from dK keeps the registers per thread
+// what one block of each would cost.
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kGradQChunk_>
 struct AttentionBackwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -58,12 +53,8 @@ struct AttentionBackwardConfig {
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kGradQChunk = kGradQChunk_;
-  static constexpr bool kSplitScores = kSplitScores_;
 
-  static constexpr int kScoreWarps = kSplitScores ? kWarps / 2 : kWarps;  // warps per score product
-  static constexpr int kScoreMAtoms = kSplitScores && kBlockM >= 32 ? 2 : 1;
-  static constexpr int kScoreWarpsM = kBlockM / (16 * kScoreMAtoms);
-  static constexpr int kScoreWarpsN = kScoreWarps / kScoreWarpsM;
+  static constexpr int kScoreWarpsN = kWarps / (kBlockM / 16);
   static constexpr int kScoreCols = kBlockN / kScoreWarpsN;
 
   static constexpr int kProductWarps = kWarps / 2;  // dV warps, then as many dK warps
@@ -80,21 +71,19 @@ struct AttentionBackwardConfig {
   using QTile = SwizzledTile<kBlockM, kHeadDim>;      // Q and dO
   using KVTile = SwizzledTile<kBlockN, kHeadDim>;     // K and V, then dK and dV on the way out
   using ScoreTile = SwizzledTile<kBlockM, kBlockN>;   // P and dS
-  static constexpr int kExchangeBytes = kSplitScores ? kBlockM * kBlockN * int(sizeof(float)) : 0;
-  static constexpr int kSharedBytes = 2 * KVTile::kBytes + 2 * QTile::kBytes + 2 * ScoreTile::kBytes +
-                                      kExchangeBytes + 2 * kBlockM * int(sizeof(float));
+  static constexpr int kSharedBytes =
+      2 * KVTile::kBytes + 2 * QTile::kBytes + 2 * ScoreTile::kBytes + 2 * kBlockM * int(sizeof(float));
 
   static_assert(kHeadDim % 64 == 0, "head_dim must be a multiple of 64");
-  static_assert(kScoreWarps % kScoreWarpsM == 0 && kScoreWarpsN * kScoreWarpsM == kScoreWarps &&
-                    kBlockN % kScoreWarpsN == 0 && kScoreCols % 16 == 0 && 4 * kScoreCols / 8 <= 64,
-                "each score product's warps must split its tile into 16-row blocks of a multiple of 16 columns");
+  static_assert(kWarps % (kBlockM / 16) == 0, "warps must split evenly over the score tile's 16-row groups");
+  static_assert(kScoreWarpsN * (kBlockM / 16) == kWarps && kBlockN % kScoreWarpsN == 0 && kScoreCols % 16 == 0,
+                "score tile columns per warp must be a multiple of 16");
   static_assert(kWarps % 2 == 0 && kKeyWarpsM * kKeyWarpsN == kProductWarps && kHeadDim % kKeyWarpsN == 0 &&
                     kKeyCols % 16 == 0,
                 "half the warps must cover the dV (and dK) tile in column groups of a multiple of 16");
   static_assert(kQueryWarpsM * kQueryWarpsN == kWarps && kHeadDim % kQueryWarpsN == 0 &&
                     kQueryCols % kGradQChunk == 0 && kGradQChunk % 16 == 0,
                 "dQ columns per warp must be whole chunks of a multiple of 16");
-  static_assert(!kSplitScores || kScoreWarps + 3 <= 16, "a named barrier per score-warp pair and per half");
   static_assert(kSharedBytes <= kMaxSharedMemoryPerBlock, "backward config exceeds sm_120 shared memory per block");
 };
 

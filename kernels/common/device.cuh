@@ -120,16 +120,5 @@ __device__ __forceinline__ void global_add_quad(float* address, float a, float b
 #endif
 }
 
-// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads, whole warps.
-__device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-// Arrives at barrier `id` without waiting (the waiting side uses named_barrier_sync
-// with the same thread count).
-__device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 }  // namespace kernels
 }  // namespace dflex

@@ -1,5 +1,5 @@
 // Hopper (sm_90) synchronisation and bulk-copy primitives for warp-specialised
-// kernels: mbarriers fed by cp.async, proxy fences, register
+// kernels: mbarriers fed by cp.async, proxy fences, named barriers, register
 // reallocation between warpgroups and bulk reductions to global memory.
 //
 // All shared-memory operands are 32-bit shared-window addresses
@@ -112,7 +112,18 @@ __device__ __forceinline__ uint4 load_shared_u32x4(unsigned address) {
   return value;
 }
 
-// ---- registers --------------------------------------------------------------
+// ---- barriers and registers --------------------------------------------------------------
+
+// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads, whole warps.
+__device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Arrives at barrier `id` without waiting (the waiting side uses named_barrier_sync
+// with the same thread count).
+__device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Register reallocation between the warpgroups of a block (sm_90a): every warp
 // of a warpgroup executes the same call. The kernel needs a register cap at

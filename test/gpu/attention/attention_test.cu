@@ -4,7 +4,8 @@
 //   --check      forward + backward on random inputs for a set of masks, score mods,
 //                head dims, GQA groups, layouts and odd lengths, against the reference
 //   --time       DFlash training shape and causal 8192: fwd and fwd+bwd medians
-//   --sweep      candidate configs on the DFlash shape (tuning)
+//   --sweep      candidate configs on the DFlash shape, portable backward ones also on causal
+//                8192 at head_dim 128 and 256 (tuning)
 //   --sm120-occupancy  pad each kernel's shared memory so that as many blocks share a
 //                multiprocessor as on sm_120 (100 KB per SM): the proxy's occupancy
 //   --impl portable|sm90|all  which kernels --check/--time/--sweep run (default all):
@@ -211,7 +212,7 @@ struct PortableKernels {
   }
   static std::string backward_label() {
     return "bwd " + config_shape(Backward::kBlockM, Backward::kBlockN) + " w" + std::to_string(Backward::kWarps) +
-           " c" + std::to_string(Backward::kGradQChunk) + (Backward::kSplitScores ? " split" : "");
+           " c" + std::to_string(Backward::kGradQChunk);
   }
   template <class Variant>
   static void forward(const AttentionForwardParams& params, const Variant& variant) {
@@ -942,7 +943,8 @@ void run_timing() {
   time_defaults(make_timing_problem("causal 8192", p, 1, CausalVariant{}, CausalVariant{}));
 }
 
-// Candidate configs on the DFlash shape, the defaults first.
+// Candidate configs on the DFlash shape, the defaults first; portable backward
+// dQ chunks also on causal 8192 at head_dim 128 and 256.
 void run_sweep() {
   using dflex::kernels::AttentionBackwardConfig;
   using dflex::kernels::AttentionForwardConfig;
@@ -954,13 +956,8 @@ void run_sweep() {
       time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(t);
-      time_kernels<
-          PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16, true>>>(t);
-      time_kernels<
-          PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 32, true>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>>(t);
-      time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
     }
 #ifdef DFLEX_TEST_SM90
     if (sm90_selected()) {
@@ -978,8 +975,6 @@ void run_sweep() {
   const auto causal_problem = make_timing_problem("causal 8192", causal, 1, CausalVariant{}, CausalVariant{});
   time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(causal_problem);
   time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(
-      causal_problem);
-  time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16, true>>>(
       causal_problem);
   using Wide = DefaultAttentionConfigs<Element, 256>;
   const Problem causal_wide{1, 16, 4, 8192, 8192, 256, 1.0 / std::sqrt(256.0)};
