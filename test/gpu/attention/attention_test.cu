@@ -917,6 +917,12 @@ void with_dflash_timing_problem(Body&& body) {
   body(make_timing_problem("dflash 512 anchors x 16, context 8192", p, 1, host_variant, device_variant));
 }
 
+// Causal attention over 8192 tokens, batch 1.
+TimingProblem<CausalVariant> causal_timing_problem(const std::string& name, int q_heads, int kv_heads, int head_dim) {
+  return make_timing_problem(name, square_problem(1, q_heads, kv_heads, 8192, 8192, head_dim), 1, CausalVariant{},
+                             CausalVariant{});
+}
+
 void print_timing_header() {
   std::printf("Timing: medians of 20 runs after 5 warm-ups (CUDA events); TFLOP/s count visible pairs only\n"
               "(4*D per pair and head forward, 3.5x that forward+backward).\n");
@@ -939,8 +945,7 @@ void time_defaults(const TimingProblem<Variant>& t) {
 void run_timing() {
   print_timing_header();
   with_dflash_timing_problem([](const auto& t) { time_defaults(t); });
-  const Problem p{1, 32, 8, 8192, 8192, 128, 1.0 / std::sqrt(128.0)};
-  time_defaults(make_timing_problem("causal 8192", p, 1, CausalVariant{}, CausalVariant{}));
+  time_defaults(causal_timing_problem("causal 8192", 32, 8, 128));
 }
 
 // Candidate configs on the DFlash shape, the defaults first; portable backward
@@ -971,14 +976,12 @@ void run_sweep() {
 #endif
   });
   if (!g_run_portable) return;
-  const Problem causal{1, 32, 8, 8192, 8192, 128, 1.0 / std::sqrt(128.0)};
-  const auto causal_problem = make_timing_problem("causal 8192", causal, 1, CausalVariant{}, CausalVariant{});
+  const auto causal_problem = causal_timing_problem("causal 8192", 32, 8, 128);
   time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(causal_problem);
   time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(
       causal_problem);
   using Wide = DefaultAttentionConfigs<Element, 256>;
-  const Problem causal_wide{1, 16, 4, 8192, 8192, 256, 1.0 / std::sqrt(256.0)};
-  const auto wide_problem = make_timing_problem("causal 8192 d256", causal_wide, 1, CausalVariant{}, CausalVariant{});
+  const auto wide_problem = causal_timing_problem("causal 8192 d256", 16, 4, 256);
   time_kernels<PortableKernels<Wide::Forward, Wide::Backward>>(wide_problem);
   time_kernels<PortableKernels<Wide::Forward, AttentionBackwardConfig<Element, 256, 32, 32, 4, 16>>>(wide_problem);
 }
