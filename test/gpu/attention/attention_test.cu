@@ -41,7 +41,9 @@
 namespace {
 
 using namespace attention_test;
+using dflex::kernels::AttentionBackwardConfig;
 using dflex::kernels::AttentionBackwardParams;
+using dflex::kernels::AttentionForwardConfig;
 using dflex::kernels::AttentionForwardParams;
 using dflex::kernels::AttentionShape;
 using dflex::kernels::DefaultAttentionConfigs;
@@ -535,10 +537,11 @@ void check_kernels(const CaseSpec& spec, const AttentionInputs& in, const Attent
 }
 
 // One case, every selected implementation against the same float64 reference:
-// the portable kernels with the default configs of compute capability kTarget
-// (they run on whatever device is present) and, for kTarget 90, the sm_90a
-// kernels where the build, the device and the head dim allow.
-template <class Element, int kHeadDim, int kTarget = 90, class Variant>
+// the portable kernels with Configs (by default those of compute capability
+// kTarget; they run on whatever device is present) and, for kTarget 90, the
+// sm_90a kernels where the build, the device and the head dim allow.
+template <class Element, int kHeadDim, int kTarget = 90,
+          class Configs = DefaultAttentionConfigs<Element, kHeadDim, kTarget>, class Variant>
 void check_case(const CaseSpec& spec, const Variant& host_variant, const Variant& device_variant) {
   if (spec.name.find(g_filter) == std::string::npos) return;
   const Problem& p = spec.problem;
@@ -551,7 +554,6 @@ void check_case(const CaseSpec& spec, const Variant& host_variant, const Variant
   const AttentionOutputs ref = reference_attention(p, host_variant, in);
 
   if (g_run_portable) {
-    using Configs = DefaultAttentionConfigs<Element, kHeadDim, kTarget>;
     check_kernels<PortableKernels<typename Configs::Forward, typename Configs::Backward>>(spec, in, ref, host_variant,
                                                                                           device_variant);
   }
@@ -581,7 +583,8 @@ std::vector<int> make_anchors(int batch, int blocks, int first_position, int con
   return anchors;
 }
 
-template <class Element, int kHeadDim, int kTarget = 90>
+template <class Element, int kHeadDim, int kTarget = 90,
+          class Configs = DefaultAttentionConfigs<Element, kHeadDim, kTarget>>
 void check_dflash(const std::string& name, int batch, int q_heads, int kv_heads, int blocks, int context_len,
                   int padded, unsigned long long seed) {
   std::mt19937_64 rng(seed);
@@ -601,7 +604,7 @@ void check_dflash(const std::string& name, int batch, int q_heads, int kv_heads,
                          1.0 / std::sqrt(static_cast<double>(kHeadDim))};
   spec.list_batches = batch;
   spec.seed = seed;
-  check_case<Element, kHeadDim, kTarget>(spec, host_variant, device_variant);
+  check_case<Element, kHeadDim, kTarget, Configs>(spec, host_variant, device_variant);
 }
 
 Problem square_problem(int batch, int q_heads, int kv_heads, int q_len, int kv_len, int head_dim) {
@@ -610,7 +613,8 @@ Problem square_problem(int batch, int q_heads, int kv_heads, int q_len, int kv_l
 
 // Documents of 20 to 150 tokens packed into `length`, two layouts per batch
 // (DocumentVariant), per-head tile lists.
-template <class Element, int kHeadDim, int kTarget = 90>
+template <class Element, int kHeadDim, int kTarget = 90,
+          class Configs = DefaultAttentionConfigs<Element, kHeadDim, kTarget>>
 void check_documents(const std::string& name, int batch, int q_heads, int kv_heads, int length,
                      unsigned long long seed) {
   std::mt19937_64 rng(seed);
@@ -628,8 +632,8 @@ void check_documents(const std::string& name, int batch, int q_heads, int kv_hea
   spec.list_batches = batch;
   spec.list_heads = q_heads;
   spec.seed = seed;
-  check_case<Element, kHeadDim, kTarget>(spec, DocumentVariant{IdentityScore{}, ids.data(), length},
-                                         DocumentVariant{IdentityScore{}, device_ids.get(), length});
+  check_case<Element, kHeadDim, kTarget, Configs>(spec, DocumentVariant{IdentityScore{}, ids.data(), length},
+                                                  DocumentVariant{IdentityScore{}, device_ids.get(), length});
 }
 
 void run_checks() {
@@ -721,6 +725,26 @@ void run_checks() {
     check_case<__nv_bfloat16, 256, 120>(spec, SoftcapCausalVariant{15.f}, SoftcapCausalVariant{15.f});
   }
   check_documents<__nv_bfloat16, 128, 120>("sm120 cfg: documents staged", 1, 4, 2, 555, 19);
+  // The sweep's candidates for sm_120 that are not defaults: the forwards with
+  // 32-key tiles (three and two blocks per SM), the 32 x 32 backward (two).
+  struct Sm120Candidates {
+    using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 64, 32, 4>;
+    using Backward = AttentionBackwardConfig<__nv_bfloat16, 128, 32, 32, 4, 32>;
+  };
+  struct Sm120WideCandidates {
+    using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 128, 32, 8>;
+    using Backward = AttentionBackwardConfig<__nv_bfloat16, 128, 32, 32, 4, 32>;
+  };
+  check_dflash<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: dflash gqa4", 1, 8, 2, 40, 600, 4, 15);
+  check_documents<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: documents", 1, 4, 2, 555, 19);
+  check_dflash<__nv_bfloat16, 128, 120, Sm120WideCandidates>("candidates 128x32: dflash", 1, 8, 2, 40, 600, 4, 15);
+  {
+    CaseSpec spec{"candidates: causal odd", square_problem(1, 8, 2, 777, 777, 128)};
+    spec.seed = 2;
+    check_case<__nv_bfloat16, 128, 120, Sm120Candidates>(spec, CausalVariant{}, CausalVariant{});
+    spec.name = "candidates 128x32: causal odd";
+    check_case<__nv_bfloat16, 128, 120, Sm120WideCandidates>(spec, CausalVariant{}, CausalVariant{});
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -951,8 +975,6 @@ void run_timing() {
 // Candidate configs on the DFlash shape, the defaults first; portable backward
 // dQ chunks also on causal 8192 at head_dim 128 and 256.
 void run_sweep() {
-  using dflex::kernels::AttentionBackwardConfig;
-  using dflex::kernels::AttentionForwardConfig;
   using Element = __nv_bfloat16;
   using Defaults = DefaultAttentionConfigs<Element, 128>;
   print_timing_header();
@@ -960,9 +982,14 @@ void run_sweep() {
     if (g_run_portable) {
       time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(t);
+      // 32-key tiles: 32 KB of shared memory, three blocks per SM on sm_120 where registers allow.
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 32, 4>, Defaults::Backward>>(t);
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 32, 8>, Defaults::Backward>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>>(t);
+      // 36 KB of shared memory: two blocks per SM on sm_120.
+      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 32, 4, 32>>>(t);
     }
 #ifdef DFLEX_TEST_SM90
     if (sm90_selected()) {
