@@ -1141,7 +1141,7 @@ std::string IntervalEvaluator::rebind(const std::vector<expr::CaptureValue> &cap
   impl->captures = captures;
   for (size_t c = 0; c < impl->summaries.size(); ++c)
     if (impl->summaries[c])
-      impl->summaries[c] = std::make_unique<TensorSummary>(captures[c]);
+      impl->summaries[c]->assign(captures[c]);
   impl->varyingArgument = -1;
   impl->breakpoints.clear();
   impl->run(impl->constantOrder);

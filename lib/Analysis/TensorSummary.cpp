@@ -23,9 +23,34 @@ int64_t loadInteger(const expr::CaptureValue &tensor, int64_t offset) {
 
 int floorLog2(uint64_t v) { return 63 - __builtin_clzll(v); }
 
+/// Copies `count` contiguous elements of type T from `base` and bounds them,
+/// in one pass the compiler can vectorise.
+template <class T>
+void copyBounded(const char *base, int64_t count, int64_t *out, int64_t &min, int64_t &max) {
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  for (int64_t n = 0; n < count; ++n) {
+    T v;
+    std::memcpy(&v, base + n * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    out[n] = v;
+    lo = std::min<int64_t>(lo, v);
+    hi = std::max<int64_t>(hi, v);
+  }
+  min = lo;
+  max = hi;
+}
+
 } // namespace
 
-TensorSummary::TensorSummary(const expr::CaptureValue &tensor) {
+TensorSummary::TensorSummary(const expr::CaptureValue &tensor) { assign(tensor); }
+
+void TensorSummary::assign(const expr::CaptureValue &tensor) {
+  // Cleared, not freed: a rebound evaluator refills the same buffers.
+  values.clear();
+  index.clear();
+  runStarts.clear();
+  tableMin.clear();
+  tableMax.clear();
+  minAll = maxAll = 0;
   const size_t rank = tensor.sizes.size();
   length = rank == 0 ? 1 : tensor.sizes.back();
   rows = 1;
@@ -40,14 +65,17 @@ TensorSummary::TensorSummary(const expr::CaptureValue &tensor) {
   const int64_t count = rows * length;
   values.resize(static_cast<size_t>(count));
   if (tensor.isRowMajor()) {
-    for (int64_t n = 0; n < count; ++n)
-      values[n] = loadInteger(tensor, n);
+    const char *base = static_cast<const char *>(tensor.data);
+    if (tensor.elementType == expr::ScalarType::I64)
+      copyBounded<int64_t>(base, count, values.data(), minAll, maxAll);
+    else
+      copyBounded<int32_t>(base, count, values.data(), minAll, maxAll);
   } else {
     int64_t n = 0;
     tensor.forEachOffset([&](int64_t offset) { values[n++] = loadInteger(tensor, offset); });
+    minAll = *std::min_element(values.begin(), values.end());
+    maxAll = *std::max_element(values.begin(), values.end());
   }
-  minAll = *std::min_element(values.begin(), values.end());
-  maxAll = *std::max_element(values.begin(), values.end());
   index.resize(static_cast<size_t>(rows));
   for (int64_t row = 0; row < rows; ++row)
     indexRow(row);

@@ -25,6 +25,8 @@ class TensorSummary {
 public:
   /// `tensor` holds i32 or i64 elements; rank 0 counts as one row of one.
   explicit TensorSummary(const expr::CaptureValue &tensor);
+  /// The summary of another tensor, reusing this one's buffers.
+  void assign(const expr::CaptureValue &tensor);
 
   int64_t rowLength() const { return length; }
   int64_t numRows() const { return rows; }
