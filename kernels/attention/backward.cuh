@@ -40,7 +40,8 @@ struct QueryRow {
 };
 
 // Grid: ceil(batch * q_heads * q_len / (kRowKernelThreads / 32)); kRowKernelThreads threads.
-template <class Config>
+// kZeroAccumulator = false leaves the accumulator alone (the dQ pass needs none).
+template <class Config, bool kZeroAccumulator = true>
 __global__ void __launch_bounds__(kRowKernelThreads) attention_backward_preprocess_kernel(const AttentionBackwardParams params) {
   using Element = typename Config::Element;
   constexpr int kHeadDim = Config::kHeadDim;
@@ -61,9 +62,11 @@ __global__ void __launch_bounds__(kRowKernelThreads) attention_backward_preproce
   sum = warp_sum(sum);
   if (lane == 0) params.delta[row.flat] = sum;
 
-  float4* accum = reinterpret_cast<float4*>(params.grad_q_accum + row.flat * kHeadDim);
+  if constexpr (kZeroAccumulator) {
+    float4* accum = reinterpret_cast<float4*>(params.grad_q_accum + row.flat * kHeadDim);
 #pragma unroll
-  for (int i = lane; i < kHeadDim / 4; i += 32) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = lane; i < kHeadDim / 4; i += 32) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 }
 
 // The accumulator holds each 16-column group of a
@@ -129,7 +132,8 @@ __device__ __forceinline__ void backward_gradients(const LogitMap<Variant>& logi
 // Grid: (ceil(kv_len / kBlockN), kv_heads, batch); Config::kThreads threads;
 // Config::kSharedBytes of dynamic shared memory. Needs the preprocess kernel
 // to have run (delta, zeroed accumulator) and the backward tile list.
-template <class Config, class Variant>
+// kGradQ = false leaves dQ out (no accumulator): attention_backward_grad_q_pass_kernel computes it.
+template <class Config, class Variant, bool kGradQ = true>
 __global__ void __launch_bounds__(Config::kThreads)
     attention_backward_kernel(const AttentionBackwardParams params, const Variant variant) {
   static_assert(VariantCheck<Variant>::kOk, "");
@@ -310,34 +314,36 @@ __global__ void __launch_bounds__(Config::kThreads)
     if (index < last) load_queries(same_row ? ahead : params.tiles.entries[index]);
     cp_async_commit();
 
-    // dQ += dS K, straight into the fp32 accumulator of (head, q_start). One
-    // address register and constant offsets for all of a thread's reductions:
-    // a reduction holds its registers until the memory pipe has read them.
-    float* thread_accum =
-        params.grad_q_accum + (current_row + q_start + query_row0 + (lane >> 2)) * kHeadDim + query_col0 +
-        4 * (lane & 3);
-    const int rows_left = shape.q_len - (q_start + query_row0 + (lane >> 2));  // > row offset: in range
+    if constexpr (kGradQ) {
+      // dQ += dS K, straight into the fp32 accumulator of (head, q_start). One
+      // address register and constant offsets for all of a thread's reductions:
+      // a reduction holds its registers until the memory pipe has read them.
+      float* thread_accum =
+          params.grad_q_accum + (current_row + q_start + query_row0 + (lane >> 2)) * kHeadDim + query_col0 +
+          4 * (lane & 3);
+      const int rows_left = shape.q_len - (q_start + query_row0 + (lane >> 2));  // > row offset: in range
 #pragma unroll
-    for (int chunk = 0; chunk < Config::kQueryCols / Config::kGradQChunk; ++chunk) {
-      const int col0 = query_col0 + chunk * Config::kGradQChunk;
-      float grad_q[kQueryMAtoms][kChunkBlocks][4];
-      zero(grad_q);
-      warp_mma_rows<Element, kQueryMAtoms, kChunkBlocks, kBlockN / 16, false, true, ScoreTile, KVTile>(
-          grad_q, grad_s_tile, query_row0, 0, k_tile, col0, 0, lane);
-      keep_in_register(thread_accum);  // not recomputed per row block
+      for (int chunk = 0; chunk < Config::kQueryCols / Config::kGradQChunk; ++chunk) {
+        const int col0 = query_col0 + chunk * Config::kGradQChunk;
+        float grad_q[kQueryMAtoms][kChunkBlocks][4];
+        zero(grad_q);
+        warp_mma_rows<Element, kQueryMAtoms, kChunkBlocks, kBlockN / 16, false, true, ScoreTile, KVTile>(
+            grad_q, grad_s_tile, query_row0, 0, k_tile, col0, 0, lane);
+        keep_in_register(thread_accum);  // not recomputed per row block
 #pragma unroll
-      for (int m = 0; m < kQueryMAtoms; ++m) {
+        for (int m = 0; m < kQueryMAtoms; ++m) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row_offset = 16 * m + 8 * half;
-          if (row_offset < rows_left) {
-            float* row_accum = thread_accum + row_offset * kHeadDim + chunk * Config::kGradQChunk;
-            // Column blocks 2p and 2p + 1 of the thread's pairs as one quad
-            // (portable_grad_q_column).
+          for (int half = 0; half < 2; ++half) {
+            const int row_offset = 16 * m + 8 * half;
+            if (row_offset < rows_left) {
+              float* row_accum = thread_accum + row_offset * kHeadDim + chunk * Config::kGradQChunk;
+              // Column blocks 2p and 2p + 1 of the thread's pairs as one quad
+              // (portable_grad_q_column).
 #pragma unroll
-            for (int p = 0; p < kChunkBlocks / 2; ++p) {
-              global_add_quad(row_accum + 16 * p, grad_q[m][2 * p][2 * half], grad_q[m][2 * p][2 * half + 1],
-                              grad_q[m][2 * p + 1][2 * half], grad_q[m][2 * p + 1][2 * half + 1]);
+              for (int p = 0; p < kChunkBlocks / 2; ++p) {
+                global_add_quad(row_accum + 16 * p, grad_q[m][2 * p][2 * half], grad_q[m][2 * p][2 * half + 1],
+                                grad_q[m][2 * p + 1][2 * half], grad_q[m][2 * p + 1][2 * half + 1]);
+              }
             }
           }
         }
@@ -359,6 +365,158 @@ __global__ void __launch_bounds__(Config::kThreads)
                         kv_head * params.grad_v_strides.head + kv_start * params.grad_v_strides.row;
   store_tile<KVTile, kThreads>(grad_k_out, params.grad_k_strides.row, k_tile, kv_rows, thread);
   store_tile<KVTile, kThreads>(grad_v_out, params.grad_v_strides.row, v_tile, kv_rows, thread);
+}
+
+// dQ without the fp32 accumulator: one block per query tile, as the forward
+// (Config is a forward config with 16 query rows per warp, `tiles` the forward
+// tile list of its tile sizes), S and dP recomputed for every listed key tile
+// and dQ = sum dS K held in registers; with attention_backward_kernel<...,
+// false> it replaces the accumulator, its zeroing and its conversion by three
+// more products per visible tile. Needs the preprocess kernel's delta.
+// Grid: (ceil(q_len / kBlockM), q_heads, batch); Config::kThreads threads;
+// kGradQPassSharedBytes<Config> of dynamic shared memory.
+template <class Config>
+constexpr int kGradQPassSharedBytes = Config::kSharedBytes + Config::QTile::kBytes;  // Q, K, V and dO
+
+template <class Config, class Variant>
+__global__ void __launch_bounds__(Config::kThreads)
+    attention_backward_grad_q_pass_kernel(const AttentionBackwardParams params, const TileList tiles,
+                                          const Variant variant) {
+  static_assert(VariantCheck<Variant>::kOk, "");
+  static_assert(Config::kMAtoms == 1, "the dQ pass gives each warp 16 query rows");
+  static_assert(kGradQPassSharedBytes<Config> <= kMaxSharedMemoryPerBlock,
+                "dQ pass config exceeds sm_120 shared memory per block");
+  using Element = typename Config::Element;
+  using QTile = typename Config::QTile;
+  using KVTile = typename Config::KVTile;
+  constexpr int kHeadDim = Config::kHeadDim;
+  constexpr int kBlockM = Config::kBlockM;
+  constexpr int kBlockN = Config::kBlockN;
+  constexpr int kThreads = Config::kThreads;
+  constexpr int kScoreBlocks = kBlockN / 8;
+  constexpr int kOutBlocks = kHeadDim / 8;
+
+  extern __shared__ __align__(16) unsigned char shared_memory[];
+  Element* q_tile = reinterpret_cast<Element*>(shared_memory);
+  Element* k_tile = q_tile + kBlockM * kHeadDim;
+  Element* v_tile = k_tile + kBlockN * kHeadDim;
+  Element* grad_o_tile = v_tile + kBlockN * kHeadDim;
+
+  const AttentionShape& shape = params.shape;
+  const int thread = threadIdx.x;
+  const int lane = thread & 31;
+  const int warp_row0 = (thread >> 5) * 16;
+  const int query_tile = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / (shape.q_heads / shape.kv_heads);
+  const int q_start = query_tile * kBlockM;
+  const int q_rows = min(kBlockM, shape.q_len - q_start);
+  const bool query_edge = q_rows < kBlockM;
+
+  const int list_row = tiles.row(batch, head, query_tile);
+  const int first = tiles.row_offsets[list_row];
+  const int last = tiles.row_offsets[list_row + 1];
+  auto load_keys = [&](int index) {
+    const int kv_start = tile_entry_index(tiles.entries[index]) * kBlockN;
+    const int kv_rows = min(kBlockN, shape.kv_len - kv_start);
+    async_load_tile<KVTile, kThreads>(k_tile, tensor_row<Element>(params.k, params.k_strides, batch, kv_head, kv_start),
+                                      params.k_strides.row, kv_rows, thread);
+    async_load_tile<KVTile, kThreads>(v_tile, tensor_row<Element>(params.v, params.v_strides, batch, kv_head, kv_start),
+                                      params.v_strides.row, kv_rows, thread);
+  };
+  async_load_tile<QTile, kThreads>(q_tile, tensor_row<Element>(params.q, params.q_strides, batch, head, q_start),
+                                   params.q_strides.row, q_rows, thread);
+  async_load_tile<QTile, kThreads>(grad_o_tile,
+                                   tensor_row<Element>(params.grad_o, params.grad_o_strides, batch, head, q_start),
+                                   params.grad_o_strides.row, q_rows, thread);
+  if (first < last) load_keys(first);
+  cp_async_commit();
+
+  // LSE (as the exponent offset) and delta of the thread's two rows; a row
+  // past q_len or one that sees nothing gets P = 0.
+  const int thread_q = q_start + warp_row0 + (lane >> 2);
+  const long long row_base = (static_cast<long long>(batch) * shape.q_heads + head) * shape.q_len;
+  float row_lse[2];
+  float row_delta[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int q = thread_q + 8 * half;
+    const float lse = q < shape.q_len ? params.lse[row_base + q] : negative_infinity();
+    row_lse[half] = lse == negative_infinity() ? positive_infinity() : lse * kLog2e;
+    row_delta[half] = q < shape.q_len ? params.delta[row_base + q] : 0.f;
+  }
+
+  float grad_q[kOutBlocks][4];
+  zero(grad_q);
+  const LogitMap<Variant> logits(variant, batch, head, shape.scale);
+  using ColumnStage =
+      VaryingPartsStage<Variant, false, kBlockN, Config::kWarps,
+                        kMaxSharedMemoryPerBlock - kGradQPassSharedBytes<Config>>;
+  __shared__ ColumnStage column_stage;
+  typename VisibilitySides<Variant, false>::Varying* warp_columns = column_stage.of_warp(thread >> 5);
+
+  for (int index = first; index < last; ++index) {
+    const int entry = tiles.entries[index];
+    const int kv_start = tile_entry_index(entry) * kBlockN;
+    const int kv_rows = min(kBlockN, shape.kv_len - kv_start);
+    const bool partial = tile_entry_partial(entry);
+    const bool checked = Variant::kHasScoreMod || partial || query_edge || kv_rows < kBlockN;
+    const int thread_kv = kv_start + 2 * (lane & 3);
+    if (partial) {
+      logits.template stage_varying<kBlockN, false, ColumnStage::kUsed>(warp_columns, kv_start, shape.q_len,
+                                                                        shape.kv_len, lane);
+    }
+    const unsigned long long shown =
+        checked ? logits.template visibility<kScoreBlocks, false, ColumnStage::kUsed>(
+                      partial, thread_q, thread_kv, shape.q_len, shape.kv_len, warp_columns + 2 * (lane & 3))
+                : ~0ull;
+
+    cp_async_wait<0>();  // K and V (and on the first pass Q and dO) have landed
+    __syncthreads();     // ... for every thread
+
+    float scores[kScoreBlocks][4];
+    float grad_p[kScoreBlocks][4];
+    zero(scores);
+    zero(grad_p);
+    warp_mma_two<Element, kScoreBlocks, kHeadDim / 16, QTile, KVTile>(scores, q_tile, k_tile, grad_p, grad_o_tile,
+                                                                     v_tile, warp_row0, 0, lane);
+    if (checked) {
+      backward_gradients<true>(logits, shown, thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p);
+    } else {
+      backward_gradients<false>(logits, shown, thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p);
+    }
+
+    // dQ += dS K, dS taken straight from the dP accumulators: the C fragments
+    // of column blocks 2s and 2s+1 are the A fragment of reduction step s.
+#pragma unroll
+    for (int step = 0; step < kBlockN / 16; ++step) {
+      unsigned a[4];
+      a[0] = ElementTraits<Element>::pack(grad_p[2 * step][0], grad_p[2 * step][1]);
+      a[1] = ElementTraits<Element>::pack(grad_p[2 * step][2], grad_p[2 * step][3]);
+      a[2] = ElementTraits<Element>::pack(grad_p[2 * step + 1][0], grad_p[2 * step + 1][1]);
+      a[3] = ElementTraits<Element>::pack(grad_p[2 * step + 1][2], grad_p[2 * step + 1][3]);
+#pragma unroll
+      for (int pair = 0; pair < kHeadDim / 16; ++pair) {
+        unsigned b[4];
+        load_b_pair_transposed<KVTile>(b, k_tile, pair * 16, step * 16, lane);
+        ElementTraits<Element>::mma(grad_q[2 * pair], a, b[0], b[1]);
+        ElementTraits<Element>::mma(grad_q[2 * pair + 1], a, b[2], b[3]);
+      }
+    }
+
+    __syncthreads();  // everyone is done with K and V
+    if (index + 1 < last) load_keys(index + 1);
+    cp_async_commit();
+  }
+
+  // Stage dQ through the Q buffer for 16-byte stores.
+  cp_async_wait<0>();
+  __syncthreads();
+  store_accumulator<QTile>(q_tile, grad_q, 1.f, 1.f, warp_row0, 0, lane);
+  __syncthreads();
+  store_tile<QTile, kThreads>(tensor_row<Element>(params.grad_q, params.grad_q_strides, batch, head, q_start),
+                              params.grad_q_strides.row, q_tile, q_rows, thread);
 }
 
 }  // namespace kernels

@@ -18,6 +18,18 @@ struct TensorStrides {
   long long head;
 };
 
+// Row `row` of (batch, head) of a [B, T, H, D] / [B, H, T, D] tensor.
+template <class Element>
+__device__ __forceinline__ Element* tensor_row(void* tensor, const TensorStrides& strides, int batch, int head,
+                                               int row) {
+  return static_cast<Element*>(tensor) + batch * strides.batch + head * strides.head + row * strides.row;
+}
+template <class Element>
+__device__ __forceinline__ const Element* tensor_row(const void* tensor, const TensorStrides& strides, int batch,
+                                                     int head, int row) {
+  return static_cast<const Element*>(tensor) + batch * strides.batch + head * strides.head + row * strides.row;
+}
+
 struct AttentionShape {
   int batch;
   int q_heads;

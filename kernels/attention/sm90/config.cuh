@@ -42,18 +42,6 @@ __device__ __forceinline__ void init_pipeline_barriers(unsigned first, int fille
   for (int i = filled; i < filled + released; ++i) mbarrier_init(first + 8 * i, kConsumerThreads);
 }
 
-// Row `row` of (batch, head) of a [B, T, H, D] / [B, H, T, D] tensor.
-template <class Element>
-__device__ __forceinline__ Element* tensor_row(void* tensor, const TensorStrides& strides, int batch, int head,
-                                               int row) {
-  return static_cast<Element*>(tensor) + batch * strides.batch + head * strides.head + row * strides.row;
-}
-template <class Element>
-__device__ __forceinline__ const Element* tensor_row(const void* tensor, const TensorStrides& strides, int batch,
-                                                     int head, int row) {
-  return static_cast<const Element*>(tensor) + batch * strides.batch + head * strides.head + row * strides.row;
-}
-
 // Forward: one block per (query tile of 128, query head, batch). Each consumer
 // warpgroup owns 64 query rows and walks the listed key tiles of kBlockN keys
 // with an online softmax: S = Q K^T (A and B from shared memory), then

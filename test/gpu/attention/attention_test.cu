@@ -221,8 +221,40 @@ struct PortableKernels {
     launch_forward<Forward>(params, variant);
   }
   template <class Variant>
-  static void backward(const AttentionBackwardParams& params, const Variant& variant) {
+  static void backward(const AttentionBackwardParams& params, const TileList&, const Variant& variant) {
     launch_backward<Backward>(params, variant);
+  }
+};
+
+// The portable backward without the fp32 dQ accumulator: delta, the main
+// kernel without dQ, then the dQ pass over the forward's tile list (so its
+// tiles are the forward config's).
+template <class Forward_, class Backward_>
+struct PortableGradQPassKernels {
+  using Forward = Forward_;
+  using Backward = Backward_;
+  static std::string name() { return "portable, dQ pass"; }
+  static std::string forward_label() { return PortableKernels<Forward, Backward>::forward_label(); }
+  static std::string backward_label() {
+    return PortableKernels<Forward, Backward>::backward_label() + " + dQ pass";
+  }
+  template <class Variant>
+  static void forward(const AttentionForwardParams& params, const Variant& variant) {
+    launch_forward<Forward>(params, variant);
+  }
+  template <class Variant>
+  static void backward(const AttentionBackwardParams& params, const TileList& forward_tiles, const Variant& variant) {
+    const AttentionShape& shape = params.shape;
+    const int row_blocks =
+        ceil_div(static_cast<long long>(shape.batch) * shape.q_heads * shape.q_len, kRowKernelThreads / 32);
+    launch<dflex::kernels::attention_backward_preprocess_kernel<Backward, false>>(row_blocks, kRowKernelThreads, 0,
+                                                                                  params);
+    launch<dflex::kernels::attention_backward_kernel<Backward, Variant, false>>(
+        dim3(ceil_div(shape.kv_len, Backward::kBlockN), shape.kv_heads, shape.batch), Backward::kThreads,
+        Backward::kSharedBytes, params, variant);
+    launch<dflex::kernels::attention_backward_grad_q_pass_kernel<Forward, Variant>>(
+        forward_grid<Forward>(shape), Forward::kThreads, dflex::kernels::kGradQPassSharedBytes<Forward>, params,
+        forward_tiles, variant);
   }
 };
 
@@ -273,7 +305,7 @@ struct Sm90Kernels {
     launch_forward_sm90<Forward>(params, variant);
   }
   template <class Variant>
-  static void backward(const AttentionBackwardParams& params, const Variant& variant) {
+  static void backward(const AttentionBackwardParams& params, const TileList&, const Variant& variant) {
     if constexpr (kSm90Backward) {
       launch_backward_sm90<Backward>(params, variant);
     } else {
@@ -387,7 +419,7 @@ struct AttentionRun {
   }
   template <class Variant>
   void backward(const Variant& variant) {
-    Kernels::backward(backward_params, variant);
+    Kernels::backward(backward_params, forward_list.view, variant);
   }
 
   AttentionOutputs download() const {
@@ -536,6 +568,17 @@ void check_kernels(const CaseSpec& spec, const AttentionInputs& in, const Attent
   std::fflush(stdout);
 }
 
+// The portable kernels a check runs: Configs::Kernels where it names them,
+// else PortableKernels of its two configs.
+template <class Configs, class = void>
+struct PortablePolicy {
+  using Type = PortableKernels<typename Configs::Forward, typename Configs::Backward>;
+};
+template <class Configs>
+struct PortablePolicy<Configs, std::void_t<typename Configs::Kernels>> {
+  using Type = typename Configs::Kernels;
+};
+
 // One case, every selected implementation against the same float64 reference:
 // the portable kernels with Configs (by default those of compute capability
 // kTarget; they run on whatever device is present) and, for kTarget 90, the
@@ -554,8 +597,7 @@ void check_case(const CaseSpec& spec, const Variant& host_variant, const Variant
   const AttentionOutputs ref = reference_attention(p, host_variant, in);
 
   if (g_run_portable) {
-    check_kernels<PortableKernels<typename Configs::Forward, typename Configs::Backward>>(spec, in, ref, host_variant,
-                                                                                          device_variant);
+    check_kernels<typename PortablePolicy<Configs>::Type>(spec, in, ref, host_variant, device_variant);
   }
 #ifdef DFLEX_TEST_SM90
   if constexpr (kTarget == 90 && has_sm90_kernels(kHeadDim)) {
@@ -738,12 +780,25 @@ void run_checks() {
   check_dflash<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: dflash gqa4", 1, 8, 2, 40, 600, 4, 15);
   check_documents<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: documents", 1, 4, 2, 555, 19);
   check_dflash<__nv_bfloat16, 128, 120, Sm120WideCandidates>("candidates 128x32: dflash", 1, 8, 2, 40, 600, 4, 15);
+  // dQ without the fp32 accumulator (attention_backward_grad_q_pass_kernel).
+  struct Sm120GradQPass {
+    using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 64, 64, 4>;
+    using Backward = AttentionBackwardConfig<__nv_bfloat16, 128, 64, 64, 8, 32>;
+    using Kernels = PortableGradQPassKernels<Forward, Backward>;
+  };
+  check_dflash<__nv_bfloat16, 128, 120, Sm120GradQPass>("dQ pass: dflash gqa4", 1, 8, 2, 40, 600, 4, 15);
+  check_documents<__nv_bfloat16, 128, 120, Sm120GradQPass>("dQ pass: documents", 1, 4, 2, 555, 19);
   {
     CaseSpec spec{"candidates: causal odd", square_problem(1, 8, 2, 777, 777, 128)};
     spec.seed = 2;
     check_case<__nv_bfloat16, 128, 120, Sm120Candidates>(spec, CausalVariant{}, CausalVariant{});
     spec.name = "candidates 128x32: causal odd";
     check_case<__nv_bfloat16, 128, 120, Sm120WideCandidates>(spec, CausalVariant{}, CausalVariant{});
+    spec.name = "dQ pass: causal odd";
+    check_case<__nv_bfloat16, 128, 120, Sm120GradQPass>(spec, CausalVariant{}, CausalVariant{});
+    spec.name = "dQ pass: softcap odd";
+    spec.problem = square_problem(1, 4, 2, 555, 555, 128);
+    check_case<__nv_bfloat16, 128, 120, Sm120GradQPass>(spec, SoftcapCausalVariant{15.f}, SoftcapCausalVariant{15.f});
   }
 }
 
@@ -988,6 +1043,9 @@ void run_sweep() {
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>>(t);
+      // No dQ accumulator: the main kernel without dQ, then the dQ pass (forward tiles).
+      time_kernels<PortableGradQPassKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(t);
+      time_kernels<PortableGradQPassKernels<AttentionForwardConfig<Element, 128, 64, 32, 4>, Defaults::Backward>>(t);
       // 36 KB of shared memory: two blocks per SM on sm_120.
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 32, 32, 4, 32>>>(t);
     }
@@ -1006,6 +1064,8 @@ void run_sweep() {
   const auto causal_problem = causal_timing_problem("causal 8192", 32, 8, 128);
   time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(causal_problem);
   time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(
+      causal_problem);
+  time_kernels<PortableGradQPassKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(
       causal_problem);
   using Wide = DefaultAttentionConfigs<Element, 256>;
   const auto wide_problem = causal_timing_problem("causal 8192 d256", 16, 4, 256);
