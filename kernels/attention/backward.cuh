@@ -8,6 +8,9 @@
 //      reductions (columns grouped as the threads hold them:
 //      portable_grad_q_column).
 //   3. attention_backward_grad_q_kernel: dQ accumulator -> dQ in Element.
+// Without the accumulator (attention_backward_grad_q_pass_kernel below): the
+// preprocess computes only delta, the main kernel only dK and dV, and a pass
+// over the query tiles recomputes S and dP for dQ.
 // With logit = score_mod(scale * q.k):
 //   dP = dO V^T, dS = P * (dP - delta) * d logit / d(q.k),
 //   dV = P^T dO, dK = dS^T Q, dQ = dS K.
