@@ -23,20 +23,15 @@ int64_t loadInteger(const expr::CaptureValue &tensor, int64_t offset) {
 
 int floorLog2(uint64_t v) { return 63 - __builtin_clzll(v); }
 
-/// Copies `count` contiguous elements of type T from `base` and bounds them,
-/// in one pass the compiler can vectorise.
+/// Copies `count` contiguous elements of type T from `base`, widened, in a
+/// loop the compiler can vectorise (the bounds come from the row indexes).
 template <class T>
-void copyBounded(const char *base, int64_t count, int64_t *out, int64_t &min, int64_t &max) {
-  int64_t lo = INT64_MAX, hi = INT64_MIN;
+void copyWidened(const char *base, int64_t count, int64_t *out) {
   for (int64_t n = 0; n < count; ++n) {
     T v;
     std::memcpy(&v, base + n * static_cast<int64_t>(sizeof(T)), sizeof(T));
     out[n] = v;
-    lo = std::min<int64_t>(lo, v);
-    hi = std::max<int64_t>(hi, v);
   }
-  min = lo;
-  max = hi;
 }
 
 } // namespace
@@ -67,15 +62,15 @@ void TensorSummary::assign(const expr::CaptureValue &tensor) {
   if (tensor.isRowMajor()) {
     const char *base = static_cast<const char *>(tensor.data);
     if (tensor.elementType == expr::ScalarType::I64)
-      copyBounded<int64_t>(base, count, values.data(), minAll, maxAll);
+      copyWidened<int64_t>(base, count, values.data());
     else
-      copyBounded<int32_t>(base, count, values.data(), minAll, maxAll);
+      copyWidened<int32_t>(base, count, values.data());
   } else {
     int64_t n = 0;
     tensor.forEachOffset([&](int64_t offset) { values[n++] = loadInteger(tensor, offset); });
-    minAll = *std::min_element(values.begin(), values.end());
-    maxAll = *std::max_element(values.begin(), values.end());
   }
+  minAll = INT64_MAX;
+  maxAll = INT64_MIN;
   index.resize(static_cast<size_t>(rows));
   for (int64_t row = 0; row < rows; ++row)
     indexRow(row);
@@ -102,6 +97,12 @@ void TensorSummary::indexRow(int64_t row) {
     entry.runBegin = static_cast<int64_t>(runStarts.size());
     entry.runCount = static_cast<int64_t>(starts.size());
     runStarts.insert(runStarts.end(), starts.begin(), starts.end());
+    // A monotone run's extremes are its ends.
+    for (size_t run = 0; run < starts.size(); ++run) {
+      const int64_t end = run + 1 < starts.size() ? starts[run + 1] - 1 : length - 1;
+      minAll = std::min({minAll, v[starts[run]], v[end]});
+      maxAll = std::max({maxAll, v[starts[run]], v[end]});
+    }
     return;
   }
   // Sparse table over blocks.
@@ -113,8 +114,11 @@ void TensorSummary::indexRow(int64_t row) {
   tableMax.resize(tableMax.size() + static_cast<size_t>(levels * blocks));
   int64_t *mins = tableMin.data() + entry.tableBegin;
   int64_t *maxs = tableMax.data() + entry.tableBegin;
-  for (int64_t b = 0; b < blocks; ++b)
+  for (int64_t b = 0; b < blocks; ++b) {
     scan(v, b * kBlock, std::min(length, (b + 1) * kBlock) - 1, mins[b], maxs[b]);
+    minAll = std::min(minAll, mins[b]);
+    maxAll = std::max(maxAll, maxs[b]);
+  }
   for (int level = 1; level < levels; ++level) {
     int64_t half = int64_t{1} << (level - 1);
     int64_t *prevMin = mins + (level - 1) * blocks, *prevMax = maxs + (level - 1) * blocks;
