@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     row_delta[half] = q < shape.q_len ? params.delta[row_base + q] : 0.f;
   }
 
-  float grad_q[kOutBlocks][4];
+  float grad_q[1][kOutBlocks][4];
   zero(grad_q);
   const LogitMap<Variant> logits(variant, batch, head, shape.scale);
   using ColumnStage =
@@ -479,34 +479,19 @@ __global__ void __launch_bounds__(Config::kThreads)
     __syncthreads();     // ... for every thread
 
     float scores[kScoreBlocks][4];
-    float grad_p[kScoreBlocks][4];
+    float grad_p[1][kScoreBlocks][4];  // one m-atom: the A operand of the dQ product
     zero(scores);
     zero(grad_p);
-    warp_mma_two<Element, kScoreBlocks, kHeadDim / 16, QTile, KVTile>(scores, q_tile, k_tile, grad_p, grad_o_tile,
+    warp_mma_two<Element, kScoreBlocks, kHeadDim / 16, QTile, KVTile>(scores, q_tile, k_tile, grad_p[0], grad_o_tile,
                                                                      v_tile, warp_row0, 0, lane);
     if (checked) {
-      backward_gradients<true>(logits, shown, thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p);
+      backward_gradients<true>(logits, shown, thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p[0]);
     } else {
-      backward_gradients<false>(logits, shown, thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p);
+      backward_gradients<false>(logits, shown, thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p[0]);
     }
 
-    // dQ += dS K, dS taken straight from the dP accumulators: the C fragments
-    // of column blocks 2s and 2s+1 are the A fragment of reduction step s.
-#pragma unroll
-    for (int step = 0; step < kBlockN / 16; ++step) {
-      unsigned a[4];
-      a[0] = ElementTraits<Element>::pack(grad_p[2 * step][0], grad_p[2 * step][1]);
-      a[1] = ElementTraits<Element>::pack(grad_p[2 * step][2], grad_p[2 * step][3]);
-      a[2] = ElementTraits<Element>::pack(grad_p[2 * step + 1][0], grad_p[2 * step + 1][1]);
-      a[3] = ElementTraits<Element>::pack(grad_p[2 * step + 1][2], grad_p[2 * step + 1][3]);
-#pragma unroll
-      for (int pair = 0; pair < kHeadDim / 16; ++pair) {
-        unsigned b[4];
-        load_b_pair_transposed<KVTile>(b, k_tile, pair * 16, step * 16, lane);
-        ElementTraits<Element>::mma(grad_q[2 * pair], a, b[0], b[1]);
-        ElementTraits<Element>::mma(grad_q[2 * pair + 1], a, b[2], b[3]);
-      }
-    }
+    // dQ += dS K, dS taken straight from the dP accumulators.
+    warp_mma_from_accumulators<Element, KVTile>(grad_q, grad_p, k_tile, lane);
 
     __syncthreads();  // everyone is done with K and V
     if (index + 1 < last) load_keys(index + 1);
@@ -516,7 +501,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   // Stage dQ through the Q buffer for 16-byte stores.
   cp_async_wait<0>();
   __syncthreads();
-  store_accumulator<QTile>(q_tile, grad_q, 1.f, 1.f, warp_row0, 0, lane);
+  store_accumulator<QTile>(q_tile, grad_q[0], 1.f, 1.f, warp_row0, 0, lane);
   __syncthreads();
   store_tile<QTile, kThreads>(tensor_row<Element>(params.grad_q, params.grad_q_strides, batch, head, q_start),
                               params.grad_q_strides.row, q_tile, q_rows, thread);

@@ -148,29 +148,8 @@ __global__ void __launch_bounds__(Config::kThreads)
     }
     cp_async_commit();
 
-    // O += P V, P taken straight from the score accumulators: the C fragments
-    // of column blocks 2s and 2s+1 are the A fragment of reduction step s.
-#pragma unroll
-    for (int step = 0; step < kBlockN / 16; ++step) {
-      unsigned p[kMAtoms][4];
-#pragma unroll
-      for (int m = 0; m < kMAtoms; ++m) {
-        p[m][0] = ElementTraits<Element>::pack(scores[m][2 * step][0], scores[m][2 * step][1]);
-        p[m][1] = ElementTraits<Element>::pack(scores[m][2 * step][2], scores[m][2 * step][3]);
-        p[m][2] = ElementTraits<Element>::pack(scores[m][2 * step + 1][0], scores[m][2 * step + 1][1]);
-        p[m][3] = ElementTraits<Element>::pack(scores[m][2 * step + 1][2], scores[m][2 * step + 1][3]);
-      }
-#pragma unroll
-      for (int pair = 0; pair < kHeadDim / 16; ++pair) {
-        unsigned b[4];
-        load_b_pair_transposed<KVTile>(b, v_tile, pair * 16, step * 16, lane);
-#pragma unroll
-        for (int m = 0; m < kMAtoms; ++m) {
-          ElementTraits<Element>::mma(out[m][2 * pair], p[m], b[0], b[1]);
-          ElementTraits<Element>::mma(out[m][2 * pair + 1], p[m], b[2], b[3]);
-        }
-      }
-    }
+    // O += P V, P taken straight from the score accumulators.
+    warp_mma_from_accumulators<Element, KVTile>(out, scores, v_tile, lane);
   }
 
   float inverse_sum[kMAtoms][2];

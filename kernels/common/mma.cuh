@@ -192,6 +192,38 @@ __device__ __forceinline__ void warp_mma_two(float (&acc0)[kBlocksN][4], const E
   }
 }
 
+// One warp: acc (16*kMAtoms x 8*kBlocksN) += A B, with A the warp's
+// accumulators of a previous product (16*kMAtoms x 8*kBlocksK, in registers:
+// the C fragments of column blocks 2s and 2s+1 are the A fragment of
+// reduction step s, packed to Element) and B read from a tile stored [K][N].
+template <class Element, class BTile, int kMAtoms, int kBlocksK, int kBlocksN>
+__device__ __forceinline__ void warp_mma_from_accumulators(float (&acc)[kMAtoms][kBlocksN][4],
+                                                           const float (&a_acc)[kMAtoms][kBlocksK][4],
+                                                           const Element* b_tile, int lane) {
+  static_assert(kBlocksK % 2 == 0 && kBlocksN % 2 == 0, "A and B come two 8-column blocks at a time");
+#pragma unroll
+  for (int step = 0; step < kBlocksK / 2; ++step) {
+    unsigned a[kMAtoms][4];
+#pragma unroll
+    for (int m = 0; m < kMAtoms; ++m) {
+      a[m][0] = ElementTraits<Element>::pack(a_acc[m][2 * step][0], a_acc[m][2 * step][1]);
+      a[m][1] = ElementTraits<Element>::pack(a_acc[m][2 * step][2], a_acc[m][2 * step][3]);
+      a[m][2] = ElementTraits<Element>::pack(a_acc[m][2 * step + 1][0], a_acc[m][2 * step + 1][1]);
+      a[m][3] = ElementTraits<Element>::pack(a_acc[m][2 * step + 1][2], a_acc[m][2 * step + 1][3]);
+    }
+#pragma unroll
+    for (int pair = 0; pair < kBlocksN / 2; ++pair) {
+      unsigned b[4];
+      load_b_pair_transposed<BTile>(b, b_tile, pair * 16, step * 16, lane);
+#pragma unroll
+      for (int m = 0; m < kMAtoms; ++m) {
+        ElementTraits<Element>::mma(acc[m][2 * pair], a[m], b[0], b[1]);
+        ElementTraits<Element>::mma(acc[m][2 * pair + 1], a[m], b[2], b[3]);
+      }
+    }
+  }
+}
+
 template <int kBlocksN>
 __device__ __forceinline__ void zero(float (&acc)[kBlocksN][4]) {
 #pragma unroll
