@@ -4,6 +4,7 @@
 usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR[,BUNDLES_DIR...]
                           [--quick | --dflash-only | --masks[=T,...]]
                           [--kernels LIST] [--kernel-times] [--flex-mma-sync] [--flex-autotune]
+                          [--flex-sm120-smem]
 
 BUNDLES_DIR holds one bundle per example (dflex-compile output). For each
 shape: forward and forward+backward time (CUDA events; calls back to back,
@@ -43,6 +44,11 @@ scanned; the run fails if any wgmma is there. --flex-autotune compiles flex
 with mode="max-autotune-no-cudagraphs": Inductor times each of its candidate
 tile, warp and stage configs (forward and backward) and keeps the fastest,
 flex's best chance against kernels whose tiles were chosen by measurement.
+--flex-sm120-smem caps the shared memory Triton lets a kernel load with at
+sm_120's 101,376 B per block, so that a config an sm_120 block cannot hold
+fails to load (OutOfResources, as on that GPU) and autotuning drops it: with
+the two options above, flex as it could run on an sm_120 card, each config
+it runs counted (and printed) with its shared memory.
 """
 
 import glob
@@ -57,11 +63,29 @@ if MMA_SYNC_ONLY:  # before Triton is loaded: it reads both when it compiles
     os.environ["DISABLE_MMA_V3"] = "1"
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="dflex-bench-triton-")
 COMPILE_OPTIONS = {"mode": "max-autotune-no-cudagraphs"} if "--flex-autotune" in sys.argv else {}
+SM120_SHARED_BYTES = 101376  # the most shared memory an sm_120 block may have
+SM120_SHARED_CAP = "--flex-sm120-smem" in sys.argv
+if SM120_SHARED_CAP:  # Inductor's own cubin launcher would load kernels past Triton's check
+    os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] = "0"
 
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from timing import kernel_ms, median_ms, steady_ms
+
+flex_kernels_loaded = {}  # Triton kernel name -> shared bytes, under --flex-sm120-smem
+if SM120_SHARED_CAP:
+    import triton.compiler.compiler as triton_compiler
+
+    device_shared_bytes = triton_compiler.max_shared_mem
+    triton_compiler.max_shared_mem = lambda device: min(device_shared_bytes(device), SM120_SHARED_BYTES)
+    loaded_kernel = triton_compiler.CompiledKernel._init_handles
+
+    def init_handles_within_sm120(kernel):
+        loaded_kernel(kernel)  # raises OutOfResources past the cap
+        flex_kernels_loaded[kernel.name] = kernel.metadata.shared
+
+    triton_compiler.CompiledKernel._init_handles = init_handles_within_sm120
 
 LIB, BUNDLE_DIRS = sys.argv[1], sys.argv[2].split(",")
 KERNEL_TIMES = "--kernel-times" in sys.argv
@@ -347,6 +371,14 @@ if MMA_SYNC_ONLY:
           f"{counts['wgmma']} wgmma")
     if counts["wgmma"] or not counts["mma.sync"]:
         sys.exit("attention_bench: --flex-mma-sync, but flex's kernels are not mma.sync only")
+if SM120_SHARED_CAP:
+    # Every Triton kernel the process loaded went through the capped check;
+    # none loaded would mean flex ran through a launcher the cap misses.
+    largest = max(flex_kernels_loaded.values(), default=None)
+    print(f"\nTriton kernels loaded under sm_120's {SM120_SHARED_BYTES} B per block: {len(flex_kernels_loaded)}, "
+          f"the largest with {largest} B of shared memory")
+    if largest is None or largest > SM120_SHARED_BYTES:
+        sys.exit("attention_bench: --flex-sm120-smem, but flex's kernels did not load through the capped check")
 if flex_failures:
     print("\n| case | compiled flex failed |\n|---|---|")
     for failure in flex_failures:

@@ -81,6 +81,10 @@ step build build_runtime
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step attention_bench_mma_sync python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so \
     .device/bundles --kernels portable --flex-mma-sync --flex-autotune
+# The same, flex's configs limited to what an sm_120 block holds (101,376 B of shared memory).
+[ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
+  step attention_bench_sm120 python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so \
+    .device/bundles --kernels portable --flex-mma-sync --flex-autotune --flex-sm120-smem
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step train_bench python3 bench/train_bench.py build-gpu .device/bundles
 # dflex-train against the PyTorch recipe on the same batches, side by side.
@@ -105,7 +109,7 @@ step build build_runtime
 echo
 echo "== tables"
 grep -h '^|' "$logs/attention_bench.log" "$logs/attention_bench_masks.log" "$logs/attention_bench_mma_sync.log" \
-  "$logs/train_bench.log" "$logs/recipe_bench.log" "$logs/recipe_bench_hybrid.log" \
+  "$logs/attention_bench_sm120.log" "$logs/train_bench.log" "$logs/recipe_bench.log" "$logs/recipe_bench_hybrid.log" \
   "$logs/default_run.log" 2>/dev/null
 grep -h -A8 '^| kernel' "$logs/attention_profile.log" "$logs/attention_profile_document.log" 2>/dev/null
 grep -h '"impl": "fla"' "$logs/gated_delta_fla_bench.log" 2>/dev/null
