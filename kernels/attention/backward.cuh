@@ -42,6 +42,13 @@ struct QueryRow {
   }
 };
 
+// The offset a backward takes P = exp2(logit - offset) against, from a
+// row's forward LSE: +inf for a row that saw nothing (LSE -inf), so that its
+// P is 0.
+__device__ __forceinline__ float lse_exponent_offset(float lse) {
+  return lse == negative_infinity() ? positive_infinity() : lse * kLog2e;
+}
+
 // Grid: ceil(batch * q_heads * q_len / (kRowKernelThreads / 32)); kRowKernelThreads threads.
 // kZeroAccumulator = false leaves the accumulator alone (the dQ pass needs none).
 template <class Config, bool kZeroAccumulator = true>
@@ -240,9 +247,6 @@ __global__ void __launch_bounds__(Config::kThreads)
       }
     }
   };
-  // P = exp2(logit - offset): +inf for a row that sees nothing (LSE -inf), so its P is 0.
-  auto exponent_offset = [](float lse) { return lse == negative_infinity() ? positive_infinity() : lse * kLog2e; };
-
   open_row(0);
   skip_empty_rows();
   if (index < last) load_queries(params.tiles.entries[index]);
@@ -294,7 +298,7 @@ __global__ void __launch_bounds__(Config::kThreads)
 
     // P and dS in place of the score and dP accumulators.
     const int row_upper = score_row0 + (lane >> 2);
-    const float row_lse[2] = {exponent_offset(lse_tile[row_upper]), exponent_offset(lse_tile[row_upper + 8])};
+    const float row_lse[2] = {lse_exponent_offset(lse_tile[row_upper]), lse_exponent_offset(lse_tile[row_upper + 8])};
     const float row_delta[2] = {delta_tile[row_upper], delta_tile[row_upper + 8]};
     if (checked) {
       backward_gradients<true>(logits, shown, thread_q, thread_kv, shape, row_lse, row_delta, scores, grad_p);
@@ -445,8 +449,7 @@ __global__ void __launch_bounds__(Config::kThreads)
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int q = thread_q + 8 * half;
-    const float lse = q < shape.q_len ? params.lse[row_base + q] : negative_infinity();
-    row_lse[half] = lse == negative_infinity() ? positive_infinity() : lse * kLog2e;
+    row_lse[half] = lse_exponent_offset(q < shape.q_len ? params.lse[row_base + q] : negative_infinity());
     row_delta[half] = q < shape.q_len ? params.delta[row_base + q] : 0.f;
   }
 

@@ -115,9 +115,7 @@ __device__ __forceinline__ void backward_probabilities(const LogitMap<Variant>& 
   for (int b = 0; b < kBlocks; ++b) {
     const int col = 8 * b + tile.col_pair;
     const float2 lse = load_shared_f32x2(lse_row + 4 * col);
-    // LSE = -inf (the row sees nothing) becomes +inf: P = exp2(logit - inf) = 0.
-    const float lse_log2[2] = {lse.x == negative_infinity() ? positive_infinity() : lse.x * kLog2e,
-                               lse.y == negative_infinity() ? positive_infinity() : lse.y * kLog2e};
+    const float lse_log2[2] = {lse_exponent_offset(lse.x), lse_exponent_offset(lse.y)};
     float p[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
