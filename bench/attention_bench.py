@@ -9,8 +9,8 @@ usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR[,BUNDLES_DIR...]
 BUNDLES_DIR holds one bundle per example (dflex-compile output). For each
 shape: forward and forward+backward time (CUDA events; calls back to back,
 and the median of calls that each start on an idle GPU, see timing.py),
-peak memory above the inputs, and the flex/dflex ratios; then the cost of a
-new anchor layout (dflex: the op call builds tile lists; flex:
+peak memory above the inputs, and the flex/dflex ratios; then (with the
+default flex) the cost of a new anchor layout (dflex: the op call builds tile lists; flex:
 create_block_mask, and a recompile per new anchor count). Both sides get
 their mask inputs ready before timing: flex its block mask, dflex its
 captures on the host (where a data loader hands them over). dflex works
@@ -302,9 +302,12 @@ for t in MASK_LENGTHS or ():
 # A new anchor layout each step: dflex builds its tile lists inside the call;
 # flex needs create_block_mask, and compiled flex recompiles for each new
 # anchor count (new query length). dflex runs the first --kernels choice.
+# Flex compiles with its default configs here, so this is measured in a run
+# with the default flex only (under --flex-sm120-smem those configs do not fit).
 new_layout = []
 os.environ["DFLEX_ATTENTION_KERNELS"] = KERNELS[0]
-for count in (480, 500, 512) if DFLASH and not DFLASH_ONLY else ():
+DEFAULT_FLEX = not (MMA_SYNC_ONLY or COMPILE_OPTIONS or SM120_SHARED_CAP)
+for count in (480, 500, 512) if DFLASH and not DFLASH_ONLY and DEFAULT_FLEX else ():
     fresh = random_anchors(count, CONTEXT)
     tq, tkv = count * BLOCK, CONTEXT + count * BLOCK
     make = inputs(1, 32, 8, tq, tkv, 128)
