@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     row_sum[m][0] = row_sum[m][1] = 0.f;
   }
   const LogitMap<Variant> logits(variant, batch, head, shape.scale);
+  const float exponent_scale = logits.exponent_scale();
   const int thread_q = q_start + warp_row0 + (lane >> 2);
   // The mask's column parts of a checked key tile, per warp (LogitMap::stage_varying).
   using ColumnStage =
@@ -110,30 +111,36 @@ __global__ void __launch_bounds__(Config::kThreads)
     for (int m = 0; m < kMAtoms; ++m) {
       logits.template apply<ColumnStage::kUsed>(scores[m], checked, tile_entry_partial(entry), thread_q + 16 * m, kv_start + 2 * (lane & 3),
                    shape.q_len, shape.kv_len, warp_columns + 2 * (lane & 3));
-      // Online softmax: rescale what was accumulated to the new row maximum.
+      // Online softmax, the exponent bases moved lazily (move_exponent_bases).
+      float tile_max[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float tile_max = row_max[m][half];
+        float largest = negative_infinity();
 #pragma unroll
         for (int j = 0; j < kScoreBlocks; ++j) {
-          tile_max = fmaxf(tile_max, fmaxf(scores[m][j][2 * half], scores[m][j][2 * half + 1]));
+          largest = fmaxf(largest, fmaxf(scores[m][j][2 * half], scores[m][j][2 * half + 1]));
         }
-        tile_max = quad_max(tile_max);
-        // A row with nothing visible so far keeps max -inf; exponentiate
-        // against 0 then, so that exp2(-inf - -inf) never makes a NaN.
-        const float base = tile_max == negative_infinity() ? 0.f : tile_max;
-        const float correction = fast_exp2(row_max[m][half] - base);
-        row_max[m][half] = tile_max;
-        row_sum[m][half] *= correction;
+        tile_max[half] = fmaxf(row_max[m][half], quad_max(largest) * exponent_scale);
+      }
+      float correction[2];
+      if (move_exponent_bases(row_max[m], tile_max, correction)) {
 #pragma unroll
-        for (int j = 0; j < kOutBlocks; ++j) {
-          out[m][j][2 * half] *= correction;
-          out[m][j][2 * half + 1] *= correction;
+        for (int half = 0; half < 2; ++half) {
+          row_sum[m][half] *= correction[half];
+#pragma unroll
+          for (int j = 0; j < kOutBlocks; ++j) {
+            out[m][j][2 * half] *= correction[half];
+            out[m][j][2 * half + 1] *= correction[half];
+          }
         }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float base = exponent_base(row_max[m][half]);
 #pragma unroll
         for (int j = 0; j < kScoreBlocks; ++j) {
-          scores[m][j][2 * half] = fast_exp2(scores[m][j][2 * half] - base);
-          scores[m][j][2 * half + 1] = fast_exp2(scores[m][j][2 * half + 1] - base);
+          scores[m][j][2 * half] = fast_exp2(fmaf(scores[m][j][2 * half], exponent_scale, -base));
+          scores[m][j][2 * half + 1] = fast_exp2(fmaf(scores[m][j][2 * half + 1], exponent_scale, -base));
           row_sum[m][half] += scores[m][j][2 * half] + scores[m][j][2 * half + 1];
         }
       }

@@ -189,6 +189,19 @@ struct LogitMap {
     return columns & rows;
   }
 
+  // The forwards exponentiate exponent_scale() * x - base in one FFMA, x what
+  // apply() leaves of a visible pair: without a score_mod the dot product
+  // itself (the scale, positive, goes to exponent_scale(), so a row's
+  // largest x is its largest logit), with one the logit.
+  __device__ __forceinline__ float exponent_scale() const { return Variant::kHasScoreMod ? 1.f : scale_log2; }
+  __device__ __forceinline__ float exponent_operand(float dot, int q, int kv) const {
+    if constexpr (Variant::kHasScoreMod) {
+      return logit(dot, q, kv);
+    } else {
+      return dot;
+    }
+  }
+
   // apply() with the visibility worked out beforehand.
   template <int kBlocks>
   __device__ __forceinline__ void apply_visible(float (&scores)[kBlocks][4], unsigned long long bits, int q0,
@@ -198,12 +211,14 @@ struct LogitMap {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const bool shown = (bits >> (4 * j + i)) & 1;
-        scores[j][i] = shown ? logit(scores[j][i], q0 + 8 * (i >> 1), kv0 + 8 * j + (i & 1)) : negative_infinity();
+        scores[j][i] =
+            shown ? exponent_operand(scores[j][i], q0 + 8 * (i >> 1), kv0 + 8 * j + (i & 1)) : negative_infinity();
       }
     }
   }
 
-  // Maps a warp's score accumulators in place. Element (j, i) of the thread
+  // Maps a warp's score accumulators in place to the forwards' exponent
+  // operands (exponent_operand; -inf where hidden). Element (j, i) of the thread
   // is the pair (q0 + 8 * (i / 2), kv0 + 8 * j + i % 2). `checked` selects the
   // per-pair visibility test (partial tiles and tiles crossing a sequence end);
   // kStaged and `staged` as for visibility().
@@ -215,13 +230,46 @@ struct LogitMap {
 #pragma unroll
       for (int j = 0; j < kBlocks; ++j) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) scores[j][i] = logit(scores[j][i], q0 + 8 * (i >> 1), kv0 + 8 * j + (i & 1));
+        for (int i = 0; i < 4; ++i) {
+          scores[j][i] = exponent_operand(scores[j][i], q0 + 8 * (i >> 1), kv0 + 8 * j + (i & 1));
+        }
       }
     } else {
       apply_visible(scores, visibility<kBlocks, false, kStaged>(partial, q0, kv0, q_len, kv_len, staged), q0, kv0);
     }
   }
 };
+
+// The forwards' online softmax moves a row's exponent base (the maximum its
+// exponents are taken against) lazily: only when some row of the warp has
+// grown past its base by more than kRescaleSlack (log2 units). P then stays
+// below 2^kRescaleSlack, and most key tiles skip rescaling O and the row
+// sums. The result does not depend on when a base moved: the end divides by
+// the sum taken against the same base, and the LSE adds that base back.
+constexpr float kRescaleSlack = 8.f;
+
+// A row's exponent base for the running maximum `row_max`: 0 while the row
+// has seen nothing (max -inf), so that exp2(-inf - -inf) never makes a NaN.
+__device__ __forceinline__ float exponent_base(float row_max) {
+  return row_max == negative_infinity() ? 0.f : row_max;
+}
+
+// The thread's two rows (row_max: their bases) after a tile whose maxima
+// (bases included) are tile_max: moves both bases to the maxima if the warp
+// needs it, with the factors that rescale what was taken against the old
+// ones in `correction`. Every lane of the warp calls it; returns whether the
+// bases moved.
+__device__ __forceinline__ bool move_exponent_bases(float (&row_max)[2], const float (&tile_max)[2],
+                                                    float (&correction)[2]) {
+  const bool grown = tile_max[0] > row_max[0] + kRescaleSlack || tile_max[1] > row_max[1] + kRescaleSlack;
+  if (!__any_sync(0xffffffffu, grown)) return false;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    correction[half] = fast_exp2(row_max[half] - exponent_base(tile_max[half]));
+    row_max[half] = tile_max[half];
+  }
+  return true;
+}
 
 }  // namespace kernels
 }  // namespace dflex

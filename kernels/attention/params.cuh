@@ -36,7 +36,7 @@ struct AttentionShape {
   int kv_heads;  // divides q_heads; query head h reads key/value head h / (q_heads / kv_heads)
   int q_len;
   int kv_len;
-  float scale;   // scores = scale * dot(q, k), before score_mod
+  float scale;   // scores = scale * dot(q, k), before score_mod; positive (the forwards take a row's largest dot as its largest logit)
 };
 
 struct AttentionForwardParams {

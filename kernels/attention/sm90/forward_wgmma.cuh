@@ -134,34 +134,37 @@ struct Sm90ForwardConsumer {
         tile_entry_partial(entry), thread_q, first_key(j), q_len, kv_len, columns + 2 * (lane & 3));
   }
 
-  // Logits of S(j) (pairs not in `visible` hidden), new row maxima and sums;
-  // P(j) into next_p and the factor that rescales O into `correction`.
+  // Logits of S(j) (pairs not in `visible` hidden), the rows' exponent bases
+  // (moved lazily: move_exponent_bases) and sums; P(j) into next_p. Returns
+  // whether the bases moved, with the factor that rescales O in `correction`.
   template <bool kChecked>
-  __device__ __forceinline__ void softmax(int j, float (&scores)[kScoreBlocks][4], unsigned long long visible,
+  __device__ __forceinline__ bool softmax(int j, float (&scores)[kScoreBlocks][4], unsigned long long visible,
                                           float (&correction)[2], PTile& next_p) {
     if constexpr (kChecked) {
       logits.apply_visible(scores, visible, thread_q, first_key(j));
     } else {
       logits.template apply<false>(scores, false, false, thread_q, first_key(j), q_len, kv_len, columns);
     }
+    const float exponent_scale = logits.exponent_scale();
+    float tile_max[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float tile_max = row_max[half];
+      float largest = negative_infinity();
 #pragma unroll
       for (int b = 0; b < kScoreBlocks; ++b) {
-        tile_max = fmaxf(tile_max, fmaxf(scores[b][2 * half], scores[b][2 * half + 1]));
+        largest = fmaxf(largest, fmaxf(scores[b][2 * half], scores[b][2 * half + 1]));
       }
-      tile_max = quad_max(tile_max);
-      // A row with nothing visible so far keeps max -inf; exponentiate against
-      // 0 then, so that exp2(-inf - -inf) never makes a NaN.
-      const float reference = tile_max == negative_infinity() ? 0.f : tile_max;
-      correction[half] = fast_exp2(row_max[half] - reference);
-      row_max[half] = tile_max;
-      row_sum[half] *= correction[half];
+      tile_max[half] = fmaxf(row_max[half], quad_max(largest) * exponent_scale);
+    }
+    const bool moved = move_exponent_bases(row_max, tile_max, correction);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (moved) row_sum[half] *= correction[half];
+      const float base = exponent_base(row_max[half]);
 #pragma unroll
       for (int b = 0; b < kScoreBlocks; ++b) {
-        scores[b][2 * half] = fast_exp2(scores[b][2 * half] - reference);
-        scores[b][2 * half + 1] = fast_exp2(scores[b][2 * half + 1] - reference);
+        scores[b][2 * half] = fast_exp2(fmaf(scores[b][2 * half], exponent_scale, -base));
+        scores[b][2 * half + 1] = fast_exp2(fmaf(scores[b][2 * half + 1], exponent_scale, -base));
         row_sum[half] += scores[b][2 * half] + scores[b][2 * half + 1];
       }
     }
@@ -172,6 +175,7 @@ struct Sm90ForwardConsumer {
       next_p[step][2] = ElementTraits<Element>::pack(scores[2 * step + 1][0], scores[2 * step + 1][1]);
       next_p[step][3] = ElementTraits<Element>::pack(scores[2 * step + 1][2], scores[2 * step + 1][3]);
     }
+    return moved;
   }
 
   __device__ __forceinline__ void rescale(const float (&correction)[2]) {
@@ -219,12 +223,12 @@ struct Sm90ForwardConsumer {
     wgmma_wait<1>();  // S(j) is done
     register_fence(scores);
     mbarrier_arrive(smem.k_empty(j % kStages));  // K(j) is free as soon as S(j) is done
-    softmax<kChecked>(j, scores, visible, correction, next_p);
+    const bool moved = softmax<kChecked>(j, scores, visible, correction, next_p);
     wgmma_wait<0>();
     register_fence(out);
     register_keep(p);  // p's registers stay P(j-1)'s until its product is done
     mbarrier_arrive(smem.v_empty((j - 1) % kStages));
-    rescale(correction);
+    if (moved) rescale(correction);
   }
 
   // Key tile 0 and key tile j >= 1 with the softmax the tile needs, chosen
