@@ -791,13 +791,6 @@ void run_checks() {
   check_dflash<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: dflash gqa4", 1, 8, 2, 40, 600, 4, 15);
   check_documents<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: documents", 1, 4, 2, 555, 19);
   check_dflash<__nv_bfloat16, 128, 120, Sm120WideCandidates>("candidates 128x32: dflash", 1, 8, 2, 40, 600, 4, 15);
-  // 16 warps on the default 64 x 64 tiles: four warps per scheduler at 121 registers.
-  struct Sm120ManyWarps {
-    using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 64, 64, 4>;
-    using Backward = AttentionBackwardConfig<__nv_bfloat16, 128, 64, 64, 16, 16>;
-  };
-  check_dflash<__nv_bfloat16, 128, 120, Sm120ManyWarps>("candidates 16 warps: dflash", 1, 8, 2, 40, 600, 4, 15);
-  check_documents<__nv_bfloat16, 128, 120, Sm120ManyWarps>("candidates 16 warps: documents", 1, 4, 2, 555, 19);
   // dQ without the fp32 accumulator (attention_backward_grad_q_pass_kernel).
   struct Sm120GradQPass {
     using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 64, 64, 4>;
@@ -812,8 +805,6 @@ void run_checks() {
     check_case<__nv_bfloat16, 128, 120, Sm120Candidates>(spec, CausalVariant{}, CausalVariant{});
     spec.name = "candidates 128x32: causal odd";
     check_case<__nv_bfloat16, 128, 120, Sm120WideCandidates>(spec, CausalVariant{}, CausalVariant{});
-    spec.name = "candidates 16 warps: causal odd";
-    check_case<__nv_bfloat16, 128, 120, Sm120ManyWarps>(spec, CausalVariant{}, CausalVariant{});
     spec.name = "dQ pass: causal odd";
     check_case<__nv_bfloat16, 128, 120, Sm120GradQPass>(spec, CausalVariant{}, CausalVariant{});
     spec.name = "dQ pass: softcap odd";
@@ -1063,8 +1054,6 @@ void run_sweep() {
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>>(t);
-      // 16 warps at 121 registers: four per scheduler where the 8-warp kernel has two.
-      time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 16, 16>>>(t);
       // No dQ accumulator: the main kernel without dQ, then the dQ pass (forward tiles).
       time_kernels<PortableGradQPassKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(t);
       time_kernels<PortableGradQPassKernels<AttentionForwardConfig<Element, 128, 64, 32, 4>, Defaults::Backward>>(t);
@@ -1086,8 +1075,6 @@ void run_sweep() {
   const auto causal_problem = causal_timing_problem("causal 8192", 32, 8, 128);
   time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(causal_problem);
   time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(
-      causal_problem);
-  time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 16, 16>>>(
       causal_problem);
   time_kernels<PortableGradQPassKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(
       causal_problem);
