@@ -24,7 +24,8 @@ bool hasSm90Backward(int64_t headDim) { return headDim == 64 || headDim == 128; 
 Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
                                           const expr::Program &mask,
                                           const expr::Program *scoreMod,
-                                          const std::string &sourceName) {
+                                          const std::string &sourceName,
+                                          int portableConfigsOf) {
   if (spec.qkHeadDim != spec.vHeadDim)
     return Status::failure("@" + spec.name + ": the attention kernels need "
                            "qk_head_dim == v_head_dim, got " +
@@ -55,9 +56,13 @@ Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
            << kSm90Guard << "#include \"attention/sm90/attention_sm90.cuh\"\n#endif\n";
   source << "\nnamespace dflex_generated {\n\n"
          << emitVariant("Variant", layout.value(), mask, scoreMod) << "\n"
-         << "// The configs of the arch this binary is compiled for.\n"
-         << "using Configs = ::dflex::kernels::DefaultAttentionConfigs<" << element << ", "
-         << headDim << ", ::dflex::kernels::kCompiledComputeCapability>;\n";
+         << (portableConfigsOf ? "// The configs of compute capability " + std::to_string(portableConfigsOf) +
+                                     ", in every binary.\n"
+                               : std::string("// The configs of the arch this binary is compiled for.\n"))
+         << "using Configs = ::dflex::kernels::DefaultAttentionConfigs<" << element << ", " << headDim << ", "
+         << (portableConfigsOf ? std::to_string(portableConfigsOf)
+                               : std::string("::dflex::kernels::kCompiledComputeCapability"))
+         << ">;\n";
   if (sm90)
     source << kSm90Guard << "using Sm90Configs = ::dflex::kernels::Sm90AttentionConfigs<"
            << element << ", " << headDim << ">;\n#endif\n";

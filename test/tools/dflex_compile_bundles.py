@@ -14,6 +14,8 @@ usage: dflex_compile_bundles.py DFLEX_COMPILE EXAMPLES_DIR
   only where they are;
 - without sm_90a (sm_90 + sm_120) the bundle has no Hopper kernels or constants; a
   compute_90a (PTX only) target has them;
+- --portable-configs-of sm_120 gives the sm_90a binary sm_120's portable tiles (its Hopper
+  kernels unchanged); an arch without configs of its own is refused;
 - a second compile is all cache hits, at least 10x faster, and byte-identical;
 - a truncated, flipped, wrongly keyed or empty cache entry is quarantined with a
   warning and rebuilt, and the bundle stays identical;
@@ -238,6 +240,31 @@ def main():
             check(run.returncode == 0, f"dflash for {archs}: compile failed: {run.stderr}")
             if run.returncode == 0:
                 check_bundle(out, f"dflash for {archs}", archs)
+
+        # --portable-configs-of sm_120: every binary's portable kernels take sm_120's tiles (an
+        # sm_90 GPU then measures what sm_120 runs); the Hopper kernels keep theirs. An arch
+        # without its own configs is refused.
+        out = os.path.join(work, "sm120-configs")
+        run = subprocess.run([tool, source, "-o", out, "--cache-dir", cache, "--portable-configs-of", "sm_120"],
+                             capture_output=True, text=True, timeout=600)
+        check(run.returncode == 0, f"dflash with sm_120's configs: compile failed: {run.stderr}")
+        if run.returncode == 0:
+            manifest = json.load(open(os.path.join(out, "manifest.json")))
+            for module in (m for m in manifest["modules"] if m["kind"] == "attention"):
+                head_dim = module["spec"]["qk_head_dim"]
+                for arch in DEFAULT_ARCHS:
+                    launch = module["binaries"][arch]["launch"]
+                    where = f"sm_120's configs: {module['name']} {arch}"
+                    check(launch.get("dflex_forward_launch") == PORTABLE_FORWARD_LAUNCH[(head_dim, 120)],
+                          f"{where}: forward {launch.get('dflex_forward_launch')}")
+                    check(launch.get("dflex_backward_launch") == PORTABLE_BACKWARD_LAUNCH[head_dim],
+                          f"{where}: backward {launch.get('dflex_backward_launch')}")
+                check(module["binaries"]["sm_90a"]["launch"].get("dflex_forward_sm90_launch")
+                      == SM90_FORWARD_LAUNCH[head_dim], f"sm_120's configs: {module['name']} Hopper forward")
+        run = subprocess.run([tool, source, "-o", os.path.join(work, "sm999-configs"), "--cache-dir", cache,
+                              "--portable-configs-of", "sm_999"], capture_output=True, text=True, timeout=600)
+        check(run.returncode != 0 and "--portable-configs-of 'sm_999'" in run.stderr,
+              f"--portable-configs-of sm_999 was not refused: {run.returncode} {run.stderr}")
 
         # Faults in the cache entries of one example.
         entries_dir = next(root for root, _, names in os.walk(cache) if root.endswith("entries"))

@@ -69,6 +69,12 @@ llvm::cl::opt<std::string> cacheDir(
     llvm::cl::cat(compileOptions));
 llvm::cl::opt<bool> quiet("quiet", llvm::cl::desc("no summary line"),
                           llvm::cl::cat(compileOptions));
+llvm::cl::opt<std::string> portableConfigsOf(
+    "portable-configs-of",
+    llvm::cl::desc("give every binary's portable attention kernels the tile configs of this "
+                   "arch (e.g. sm_120 in an sm_90a bundle, to measure sm_120's kernels on an "
+                   "sm_90 GPU); default: each binary its own arch's"),
+    llvm::cl::value_desc("arch"), llvm::cl::cat(compileOptions));
 
 int fail(const llvm::Twine &message) {
   llvm::errs() << "dflex-compile: error: " << message << "\n";
@@ -105,7 +111,8 @@ bundle::CompiledModule moduleOf(codegen::GeneratedModule generated, ::dflex::Jso
   return module;
 }
 
-FailureOr<bundle::CompiledModule> generate(AttentionOp op, StringRef sourceName) {
+FailureOr<bundle::CompiledModule> generate(AttentionOp op, StringRef sourceName,
+                                           int portableComputeCapability) {
   FailureOr<expr::Program> mask = lowerBody(op, op.getMaskAttr());
   if (failed(mask))
     return failure();
@@ -128,7 +135,7 @@ FailureOr<bundle::CompiledModule> generate(AttentionOp op, StringRef sourceName)
   spec.elementType = elementTypeName(op.getElementType());
   spec.scale = op.getSoftmaxScale();
   auto generated = codegen::generateAttention(spec, *mask, scoreMod ? &*scoreMod : nullptr,
-                                              sourceName.str());
+                                              sourceName.str(), portableComputeCapability);
   if (!generated.ok()) {
     op.emitError(generated.error());
     return failure();
@@ -273,11 +280,20 @@ int main(int argc, char **argv) {
   if (!module)
     return 1;
 
+  int portableComputeCapability = 0;
+  if (!portableConfigsOf.empty()) {
+    // The compute capabilities DefaultAttentionConfigs tells apart.
+    auto arch = compile::parseGpuArch(portableConfigsOf);
+    if (!arch.ok() || (arch.value().computeCapability != 90 && arch.value().computeCapability != 120))
+      return fail("--portable-configs-of '" + portableConfigsOf +
+                  "': expected an arch with its own portable configs (sm_90 or sm_120)");
+    portableComputeCapability = arch.value().computeCapability;
+  }
   std::vector<bundle::CompiledModule> modules;
   for (Operation &op : module->getBody()->getOperations()) {
     FailureOr<bundle::CompiledModule> generated = failure();
     if (auto attention = dyn_cast<AttentionOp>(op))
-      generated = generate(attention, inputFilename);
+      generated = generate(attention, inputFilename, portableComputeCapability);
     else if (auto gatedDelta = dyn_cast<GatedDeltaOp>(op))
       generated = generate(gatedDelta, inputFilename);
     else

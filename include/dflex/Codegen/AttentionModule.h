@@ -34,15 +34,19 @@ bool hasSm90Backward(int64_t headDim);
 
 /// Generates the forward and backward attention kernels of `spec`: the
 /// portable kernels for every arch (with the DefaultAttentionConfigs of the
-/// compute capability each binary is compiled for), and for head dims that
-/// have them the Hopper kernels (forward, backward) for sm_90a (roles with an "_sm90" suffix,
-/// their own launch constants; bundle::kSm90Target). `mask` and `scoreMod`
-/// are lowered bodies; `scoreMod`, when present, must carry its derivative
+/// compute capability each binary is compiled for, or of
+/// `portableConfigsOf` in every binary when it is not 0: e.g. 120 gives an
+/// sm_90 binary sm_120's tiles, so that an sm_90 GPU measures the kernels
+/// sm_120 runs), and for head dims that have them the Hopper kernels
+/// (forward, backward) for sm_90a (roles with an "_sm90" suffix, their own
+/// launch constants; bundle::kSm90Target). `mask` and `scoreMod` are
+/// lowered bodies; `scoreMod`, when present, must carry its derivative
 /// (appendScoreDerivative).
 Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
                                           const expr::Program &mask,
                                           const expr::Program *scoreMod,
-                                          const std::string &sourceName);
+                                          const std::string &sourceName,
+                                          int portableConfigsOf = 0);
 
 } // namespace dflex::codegen
 

@@ -7,7 +7,8 @@
 //   --sweep      candidate configs on the DFlash shape, portable backward ones also on causal
 //                8192 at head_dim 128 and 256 (tuning)
 //   --sm120-occupancy  pad each kernel's shared memory so that as many blocks share a
-//                multiprocessor as on sm_120 (100 KB per SM): the proxy's occupancy
+//                multiprocessor as on sm_120 (100 KB per SM): the proxy's occupancy; --time
+//                then runs the portable kernels with sm_120's configs
 //   --impl portable|sm90|all  which kernels --check/--time/--sweep run (default all):
 //                the portable templates and, in builds for sm_90a (-DDFLEX_TEST_SM90,
 //                see the Makefile) on an sm_90 device, the Hopper kernels (kernels/attention/sm90)
@@ -1022,11 +1023,17 @@ void print_timing_header() {
 bool sm90_selected() { return g_run_sm90 && g_sm90_device; }
 #endif
 
-// The default kernels of every selected implementation on one timing problem.
+// The default kernels of every selected implementation on one timing problem;
+// under --sm120-occupancy the portable kernels with sm_120's configs.
 template <class Variant>
 void time_defaults(const TimingProblem<Variant>& t) {
   using Defaults = DefaultAttentionConfigs<__nv_bfloat16, 128>;
-  if (g_run_portable) time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
+  using Sm120Defaults = DefaultAttentionConfigs<__nv_bfloat16, 128, 120>;
+  if (g_run_portable && g_sm120_occupancy) {
+    time_kernels<PortableKernels<Sm120Defaults::Forward, Sm120Defaults::Backward>>(t);
+  } else if (g_run_portable) {
+    time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
+  }
 #ifdef DFLEX_TEST_SM90
   if (sm90_selected()) time_kernels<DefaultSm90Kernels<__nv_bfloat16, 128>>(t);
 #endif
