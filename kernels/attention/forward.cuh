@@ -113,15 +113,7 @@ __global__ void __launch_bounds__(Config::kThreads)
                    shape.q_len, shape.kv_len, warp_columns + 2 * (lane & 3));
       // Online softmax, the exponent bases moved lazily (move_exponent_bases).
       float tile_max[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float largest = negative_infinity();
-#pragma unroll
-        for (int j = 0; j < kScoreBlocks; ++j) {
-          largest = fmaxf(largest, fmaxf(scores[m][j][2 * half], scores[m][j][2 * half + 1]));
-        }
-        tile_max[half] = fmaxf(row_max[m][half], quad_max(largest) * exponent_scale);
-      }
+      exponent_tile_max(scores[m], row_max[m], exponent_scale, tile_max);
       float correction[2];
       if (move_exponent_bases(row_max[m], tile_max, correction)) {
 #pragma unroll

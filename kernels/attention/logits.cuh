@@ -254,6 +254,21 @@ __device__ __forceinline__ float exponent_base(float row_max) {
   return row_max == negative_infinity() ? 0.f : row_max;
 }
 
+// The maxima, in the exponents' units, of the thread's two rows of a score
+// tile that apply() mapped, each with its row's base: what
+// move_exponent_bases takes as tile_max.
+template <int kBlocks>
+__device__ __forceinline__ void exponent_tile_max(const float (&scores)[kBlocks][4], const float (&row_max)[2],
+                                                  float exponent_scale, float (&tile_max)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float largest = negative_infinity();
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) largest = fmaxf(largest, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
+    tile_max[half] = fmaxf(row_max[half], quad_max(largest) * exponent_scale);
+  }
+}
+
 // The thread's two rows (row_max: their bases) after a tile whose maxima
 // (bases included) are tile_max: moves both bases to the maxima if the warp
 // needs it, with the factors that rescale what was taken against the old

@@ -54,15 +54,14 @@ Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
   if (sm90)
     source << "// The Hopper kernels (wgmma) exist only when compiling for sm_90a.\n"
            << kSm90Guard << "#include \"attention/sm90/attention_sm90.cuh\"\n#endif\n";
+  const std::string configsOf = portableConfigsOf ? std::to_string(portableConfigsOf)
+                                                  : "::dflex::kernels::kCompiledComputeCapability";
   source << "\nnamespace dflex_generated {\n\n"
          << emitVariant("Variant", layout.value(), mask, scoreMod) << "\n"
-         << (portableConfigsOf ? "// The configs of compute capability " + std::to_string(portableConfigsOf) +
-                                     ", in every binary.\n"
-                               : std::string("// The configs of the arch this binary is compiled for.\n"))
-         << "using Configs = ::dflex::kernels::DefaultAttentionConfigs<" << element << ", " << headDim << ", "
-         << (portableConfigsOf ? std::to_string(portableConfigsOf)
-                               : std::string("::dflex::kernels::kCompiledComputeCapability"))
-         << ">;\n";
+         << (portableConfigsOf ? "// The configs of compute capability " + configsOf + ", in every binary.\n"
+                               : "// The configs of the arch this binary is compiled for.\n")
+         << "using Configs = ::dflex::kernels::DefaultAttentionConfigs<" << element << ", " << headDim
+         << ", " << configsOf << ">;\n";
   if (sm90)
     source << kSm90Guard << "using Sm90Configs = ::dflex::kernels::Sm90AttentionConfigs<"
            << element << ", " << headDim << ">;\n#endif\n";

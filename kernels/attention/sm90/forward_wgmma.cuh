@@ -147,15 +147,7 @@ struct Sm90ForwardConsumer {
     }
     const float exponent_scale = logits.exponent_scale();
     float tile_max[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float largest = negative_infinity();
-#pragma unroll
-      for (int b = 0; b < kScoreBlocks; ++b) {
-        largest = fmaxf(largest, fmaxf(scores[b][2 * half], scores[b][2 * half + 1]));
-      }
-      tile_max[half] = fmaxf(row_max[half], quad_max(largest) * exponent_scale);
-    }
+    exponent_tile_max(scores, row_max, exponent_scale, tile_max);
     const bool moved = move_exponent_bases(row_max, tile_max, correction);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
