@@ -130,7 +130,7 @@ struct DefaultAttentionConfigs<Element, 128, kComputeCapability> {
   using Forward = typename Select<(kComputeCapability >= 120),
                                   AttentionForwardConfig<Element, 128, 64, 64, 4>,      // 48 KB
                                   AttentionForwardConfig<Element, 128, 128, 64, 4>>::Type;  // 64 KB
-  using Backward = AttentionBackwardConfig<Element, 128, 64, 64, 8, 32>;               // 80.5 KB
+  using Backward = AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>;               // 80.5 KB
 };
 
 template <class Element, int kComputeCapability>
