@@ -21,8 +21,8 @@ anchor layout rows time a mask seen for the first time). Prints JSON rows
 and tables last.
 
 --quick leaves out the causal shapes; --dflash-only measures the DFlash
-shape alone, --causal-only the causal shapes alone. --masks measures the other examples instead, masks of the kinds
-users write (a run-time chunk size, documents, windows, prefixes, score
+shape alone, --causal-only the causal shapes alone. --masks measures the
+other examples instead, masks of the kinds users write (a run-time chunk size, documents, windows, prefixes, score
 mods), at a small and a training length (default 1300 and 8192 tokens, or
 the comma-separated lengths given), each at its spec's heads and head dim.
 
@@ -97,6 +97,9 @@ MASK_LENGTHS = next(([int(t) for t in arg.split("=", 1)[1].split(",")] if "=" in
 DFLASH = MASK_LENGTHS is None  # the DFlash shapes, the causal ones and the anchor layouts
 if CAUSAL_ONLY and (QUICK or DFLASH_ONLY or MASK_LENGTHS):
     sys.exit("attention_bench.py: --causal-only leaves nothing to measure with --quick, --dflash-only or --masks")
+RUN_DFLASH = DFLASH and not CAUSAL_ONLY
+RUN_DFLASH_EXTRAS = RUN_DFLASH and not DFLASH_ONLY  # the sliding window and the new anchor layouts
+RUN_CAUSAL = DFLASH and not QUICK and not DFLASH_ONLY
 KERNELS = [os.environ.get("DFLEX_ATTENTION_KERNELS") or "auto"]
 for i, arg in enumerate(sys.argv):
     if arg.startswith("--kernels="):
@@ -226,7 +229,7 @@ def dflash_mask(b, h, q, kv):
 
 # One document per row: every block's context starts at 0.
 context_start = torch.zeros(1, ANCHORS, dtype=torch.int32)
-if DFLASH and not CAUSAL_ONLY:
+if RUN_DFLASH:
     compare("dflash 8192x16384 32/8 d128", 1, 32, 8, ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK, 128,
             dflex_forward("dflash", "drafter_attention",
                           [anchors[None].cpu(), context_start, torch.tensor(CONTEXT, dtype=torch.int64)]),
@@ -245,14 +248,14 @@ def dflash_window_mask(b, h, q, kv):
     return torch.where(kv < CONTEXT, ctx, own)
 
 
-if DFLASH and not DFLASH_ONLY and not CAUSAL_ONLY:
+if RUN_DFLASH_EXTRAS:
     compare("dflash sliding window 2048", 1, 32, 8, ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK, 128,
             dflex_forward("dflash_sliding_window", "drafter_sliding_window_attention",
                           [anchors[None].cpu(), context_start, torch.tensor(CONTEXT, dtype=torch.int64),
                            torch.tensor(WINDOW, dtype=torch.int64)]),
             dflash_window_mask)
 
-if DFLASH and not QUICK and not DFLASH_ONLY:
+if RUN_CAUSAL:
     causal = lambda b, h, q, kv: q >= kv
     compare("causal T=8192 32/8 d128", 1, 32, 8, 8192, 8192, 128,
             dflex_forward("causal", "causal_attention", []), causal)
@@ -310,7 +313,7 @@ for t in MASK_LENGTHS or ():
 new_layout = []
 os.environ["DFLEX_ATTENTION_KERNELS"] = KERNELS[0]
 DEFAULT_FLEX = not (MMA_SYNC_ONLY or COMPILE_OPTIONS or SM120_SHARED_CAP)
-for count in (480, 500, 512) if DFLASH and not DFLASH_ONLY and not CAUSAL_ONLY and DEFAULT_FLEX else ():
+for count in (480, 500, 512) if RUN_DFLASH_EXTRAS and DEFAULT_FLEX else ():
     fresh = random_anchors(count, CONTEXT)
     tq, tkv = count * BLOCK, CONTEXT + count * BLOCK
     make = inputs(1, 32, 8, tq, tkv, 128)

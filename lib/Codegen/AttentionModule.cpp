@@ -20,6 +20,9 @@ constexpr const char *kSm90Guard = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n";
 
 bool hasSm90Forward(int64_t headDim) { return headDim == 64 || headDim == 128 || headDim == 256; }
 bool hasSm90Backward(int64_t headDim) { return headDim == 64 || headDim == 128; }
+bool hasOwnPortableConfigs(int computeCapability) {
+  return computeCapability == 90 || computeCapability == 120;
+}
 
 Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
                                           const expr::Program &mask,
@@ -34,6 +37,9 @@ Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
   if (scoreMod && scoreMod->scoreDerivative < 0)
     return Status::failure("@" + spec.name + ": score_mod @" + scoreMod->name +
                            " has no derivative");
+  if (portableConfigsOf && !hasOwnPortableConfigs(portableConfigsOf))
+    return Status::failure("@" + spec.name + ": no portable configs of compute capability " +
+                           std::to_string(portableConfigsOf));
   Result<VariantLayout> layout = layoutVariant(mask, scoreMod);
   if (!layout.ok())
     return Status::failure("@" + spec.name + ": " + layout.error());

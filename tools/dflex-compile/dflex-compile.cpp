@@ -282,9 +282,8 @@ int main(int argc, char **argv) {
 
   int portableComputeCapability = 0;
   if (!portableConfigsOf.empty()) {
-    // The compute capabilities DefaultAttentionConfigs tells apart.
     auto arch = compile::parseGpuArch(portableConfigsOf);
-    if (!arch.ok() || (arch.value().computeCapability != 90 && arch.value().computeCapability != 120))
+    if (!arch.ok() || !codegen::hasOwnPortableConfigs(arch.value().computeCapability))
       return fail("--portable-configs-of '" + portableConfigsOf +
                   "': expected an arch with its own portable configs (sm_90 or sm_120)");
     portableComputeCapability = arch.value().computeCapability;

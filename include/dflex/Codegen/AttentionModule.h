@@ -31,6 +31,10 @@ bool hasSm90Forward(int64_t headDim);
 /// and 128. At head_dim 256 the Hopper forward pairs with the portable
 /// backward.
 bool hasSm90Backward(int64_t headDim);
+/// Whether DefaultAttentionConfigs (kernels/attention/config.cuh) has
+/// portable configs of a compute capability's own: 90 and 120, the values
+/// generateAttention's `portableConfigsOf` takes.
+bool hasOwnPortableConfigs(int computeCapability);
 
 /// Generates the forward and backward attention kernels of `spec`: the
 /// portable kernels for every arch (with the DefaultAttentionConfigs of the

@@ -118,4 +118,26 @@ TEST(CodegenAttention, EachArchsBinaryHasTheConfigsOfItsComputeCapability) {
   EXPECT_NE(forwardKernel["sm_90a"], forwardKernel["sm_120"]);
 }
 
+TEST(CodegenAttention, PortableConfigsOnlyOfComputeCapabilitiesThatHaveThem) {
+  auto loaded = test::LoadedModule::fromFile(DFLEX_EXAMPLES_DIR "/causal.mlir");
+  ASSERT_TRUE(loaded.module);
+  bundle::AttentionSpec spec;
+  spec.name = "causal_attention";
+  spec.numQHeads = spec.numKvHeads = 4;
+  spec.qkHeadDim = spec.vHeadDim = 128;
+  spec.elementType = "bf16";
+  spec.scale = 0.0883883f;
+  EXPECT_TRUE(codegen::hasOwnPortableConfigs(90));
+  EXPECT_TRUE(codegen::hasOwnPortableConfigs(120));
+  EXPECT_FALSE(codegen::hasOwnPortableConfigs(80));
+  Result<codegen::GeneratedModule> sm120 =
+      codegen::generateAttention(spec, loaded.program("causal"), nullptr, "causal.mlir", 120);
+  ASSERT_TRUE(sm120.ok()) << sm120.error();
+  EXPECT_NE(sm120.value().source.find("DefaultAttentionConfigs<__nv_bfloat16, 128, 120>"), std::string::npos);
+  Result<codegen::GeneratedModule> sm80 =
+      codegen::generateAttention(spec, loaded.program("causal"), nullptr, "causal.mlir", 80);
+  ASSERT_FALSE(sm80.ok());
+  EXPECT_NE(sm80.error().find("no portable configs of compute capability 80"), std::string::npos) << sm80.error();
+}
+
 } // namespace
