@@ -11,13 +11,14 @@ namespace kernels {
 // Forward: one block per (query tile of kBlockM, query head, batch); each of
 // the kWarps warps owns kBlockM / kWarps query rows (kMAtoms blocks of 16) and
 // walks the listed key tiles of kBlockN keys.
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, bool kEarlyKeyLoad_ = false>
 struct AttentionForwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kWarps = kWarps_;
+  static constexpr bool kEarlyKeyLoad = kEarlyKeyLoad_;  // K(j + 1) fetched before the softmax of tile j
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMAtoms = kBlockM / (16 * kWarps);
   using QTile = SwizzledTile<kBlockM, kHeadDim>;   // Q, then O on the way out

@@ -3,7 +3,8 @@
 // LSE of every row; a row that sees no key gets O = 0 and LSE = -inf.
 //
 // Pipeline (one K and one V buffer): the load of V(j) overlaps S = Q K(j)^T
-// and the softmax, the load of K(j+1) overlaps O += P V(j).
+// and the softmax, the load of K(j+1) overlaps O += P V(j), or with
+// Config::kEarlyKeyLoad the softmax too (a third barrier per key tile).
 #pragma once
 
 #include "config.cuh"
@@ -88,6 +89,16 @@ __global__ void __launch_bounds__(Config::kThreads)
   __shared__ ColumnStage column_stage;
   typename VisibilitySides<Variant, false>::Varying* warp_columns = column_stage.of_warp(thread >> 5);
 
+  // K of the tile after `index` into the K buffer, as its own cp.async group.
+  auto load_next_keys = [&](int index) {
+    if (index + 1 < last) {
+      const int next_start = tile_entry_index(params.tiles.entries[index + 1]) * kBlockN;
+      async_load_tile<KVTile, kThreads>(k_tile, k + next_start * params.k_strides.row, params.k_strides.row,
+                                        min(kBlockN, shape.kv_len - next_start), thread);
+    }
+    cp_async_commit();
+  };
+
   for (int index = first; index < last; ++index) {
     const int entry = params.tiles.entries[index];
     const int kv_start = tile_entry_index(entry) * kBlockN;
@@ -106,6 +117,10 @@ __global__ void __launch_bounds__(Config::kThreads)
     for (int m = 0; m < kMAtoms; ++m) zero(scores[m]);
     warp_mma_rows<Element, kMAtoms, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(
         scores, q_tile, warp_row0, 0, k_tile, 0, 0, lane);
+    if constexpr (Config::kEarlyKeyLoad) {
+      __syncthreads();  // every warp has read K(j): fetch K(j + 1) under the softmax and O += P V(j)
+      load_next_keys(index);
+    }
 
 #pragma unroll
     for (int m = 0; m < kMAtoms; ++m) {
@@ -138,14 +153,9 @@ __global__ void __launch_bounds__(Config::kThreads)
       }
     }
 
-    cp_async_wait<0>();  // V(j) has landed
-    __syncthreads();     // ... for every thread, and everyone is done with K(j)
-    if (index + 1 < last) {
-      const int next_start = tile_entry_index(params.tiles.entries[index + 1]) * kBlockN;
-      async_load_tile<KVTile, kThreads>(k_tile, k + next_start * params.k_strides.row, params.k_strides.row,
-                                        min(kBlockN, shape.kv_len - next_start), thread);
-    }
-    cp_async_commit();
+    cp_async_wait<Config::kEarlyKeyLoad ? 1 : 0>();  // V(j) has landed (K(j + 1) may be in flight)
+    __syncthreads();                                  // ... for every thread, and everyone is done with K(j)
+    if constexpr (!Config::kEarlyKeyLoad) load_next_keys(index);
 
     // O += P V, P taken straight from the score accumulators.
     warp_mma_from_accumulators<Element, KVTile>(out, scores, v_tile, lane);

@@ -211,7 +211,8 @@ struct PortableKernels {
   using Backward = Backward_;
   static std::string name() { return "portable"; }
   static std::string forward_label() {
-    return "fwd " + config_shape(Forward::kBlockM, Forward::kBlockN) + " w" + std::to_string(Forward::kWarps);
+    return "fwd " + config_shape(Forward::kBlockM, Forward::kBlockN) + " w" + std::to_string(Forward::kWarps) +
+           (Forward::kEarlyKeyLoad ? " early K" : "");
   }
   static std::string backward_label() {
     return "bwd " + config_shape(Backward::kBlockM, Backward::kBlockN) + " w" + std::to_string(Backward::kWarps) +
@@ -792,6 +793,18 @@ void run_checks() {
   check_dflash<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: dflash gqa4", 1, 8, 2, 40, 600, 4, 15);
   check_documents<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: documents", 1, 4, 2, 555, 19);
   check_dflash<__nv_bfloat16, 128, 120, Sm120WideCandidates>("candidates 128x32: dflash", 1, 8, 2, 40, 600, 4, 15);
+  // The forward that fetches K(j + 1) before the softmax of tile j.
+  struct Sm120EarlyKey {
+    using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 64, 64, 4, true>;
+    using Backward = DefaultAttentionConfigs<__nv_bfloat16, 128, 120>::Backward;
+  };
+  check_dflash<__nv_bfloat16, 128, 120, Sm120EarlyKey>("candidates early K: dflash", 1, 8, 2, 40, 600, 4, 15);
+  check_documents<__nv_bfloat16, 128, 120, Sm120EarlyKey>("candidates early K: documents", 1, 4, 2, 555, 19);
+  {
+    CaseSpec spec{"candidates early K: causal wide", square_problem(1, 4, 2, 900, 900, 128)};
+    spec.seed = 3;
+    check_case<__nv_bfloat16, 128, 120, Sm120EarlyKey>(spec, CausalVariant{}, CausalVariant{});
+  }
   // The head_dim 256 backward with dQ in chunks of 16 (the sweep's candidate).
   struct Sm120WideChunk16 {
     using Forward = DefaultAttentionConfigs<__nv_bfloat16, 256, 120>::Forward;
@@ -1067,6 +1080,9 @@ void run_sweep() {
     if (g_run_portable) {
       time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(t);
+      // K(j + 1) fetched before the softmax of tile j (a third barrier per key tile).
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, true>, Defaults::Backward>>(t);
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 64, 4, true>, Defaults::Backward>>(t);
       // 32-key tiles: 32 KB of shared memory, three blocks per SM on sm_120 where registers allow.
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 32, 4>, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 32, 8>, Defaults::Backward>>(t);
@@ -1093,6 +1109,9 @@ void run_sweep() {
   if (!g_run_portable) return;
   const auto causal_problem = causal_timing_problem("causal 8192", 32, 8, 128);
   time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(causal_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(causal_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, true>, Defaults::Backward>>(
+      causal_problem);
   time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(
       causal_problem);
   time_kernels<PortableGradQPassKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(
