@@ -8,22 +8,34 @@
 namespace dflex {
 namespace kernels {
 
+// How the forward overlaps the loads of key tile j + 1 with the work of tile j
+// (kernels/attention/forward.cuh). Every pipeline has one V buffer, whose
+// load overlaps S = Q K(j)^T and the softmax.
+enum class ForwardPipeline {
+  kSharedQuery,           // Q read from shared memory per tile; one K buffer, K(j + 1) fetched under O += P V(j)
+  kSharedQueryEarlyKey,   // as kSharedQuery, K(j + 1) fetched right after S(j), under the softmax too (a third barrier)
+  kRegisterQuery,         // Q's fragments held in registers, its buffer a second K buffer: K(j + 1) under all of tile j
+};
+
 // Forward: one block per (query tile of kBlockM, query head, batch); each of
 // the kWarps warps owns kBlockM / kWarps query rows (kMAtoms blocks of 16) and
 // walks the listed key tiles of kBlockN keys.
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, bool kEarlyKeyLoad_ = false>
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_,
+          ForwardPipeline kPipeline_ = ForwardPipeline::kSharedQuery>
 struct AttentionForwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kWarps = kWarps_;
-  static constexpr bool kEarlyKeyLoad = kEarlyKeyLoad_;  // K(j + 1) fetched before the softmax of tile j
+  static constexpr ForwardPipeline kPipeline = kPipeline_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMAtoms = kBlockM / (16 * kWarps);
-  using QTile = SwizzledTile<kBlockM, kHeadDim>;   // Q, then O on the way out
+  using QTile = SwizzledTile<kBlockM, kHeadDim>;   // Q (or the second K buffer), then O on the way out
   using KVTile = SwizzledTile<kBlockN, kHeadDim>;  // one K and one V buffer
   static constexpr int kSharedBytes = QTile::kBytes + 2 * KVTile::kBytes;
+  static_assert(kPipeline != ForwardPipeline::kRegisterQuery || kBlockN <= kBlockM,
+                "a second K buffer in Q's place needs key tiles no larger than query tiles");
 
   static_assert(kHeadDim % 64 == 0, "head_dim must be a multiple of 64");
   static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0, "tiles are made of 16x16 mma blocks");

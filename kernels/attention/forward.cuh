@@ -2,9 +2,11 @@
 // that the tile list gives for each query tile. Writes O and the natural-log
 // LSE of every row; a row that sees no key gets O = 0 and LSE = -inf.
 //
-// Pipeline (one K and one V buffer): the load of V(j) overlaps S = Q K(j)^T
-// and the softmax, the load of K(j+1) overlaps O += P V(j), or with
-// Config::kEarlyKeyLoad the softmax too (a third barrier per key tile).
+// Pipeline (Config::kPipeline, ForwardPipeline): the load of V(j) overlaps
+// S = Q K(j)^T and the softmax; the load of K(j+1) overlaps O += P V(j), or
+// the softmax too (kSharedQueryEarlyKey, a third barrier per key tile), or
+// all of tile j (kRegisterQuery: Q's fragments stay in registers and its
+// buffer holds every other K tile).
 #pragma once
 
 #include "config.cuh"
@@ -89,15 +91,26 @@ __global__ void __launch_bounds__(Config::kThreads)
   __shared__ ColumnStage column_stage;
   typename VisibilitySides<Variant, false>::Varying* warp_columns = column_stage.of_warp(thread >> 5);
 
-  // K of the tile after `index` into the K buffer, as its own cp.async group.
+  constexpr ForwardPipeline kPipeline = Config::kPipeline;
+  constexpr bool kRegisterQuery = kPipeline == ForwardPipeline::kRegisterQuery;
+  // The K buffer of list entry `index`: with kRegisterQuery every other tile
+  // goes to Q's buffer, free once Q's fragments are in registers.
+  auto key_buffer = [&](int index) { return kRegisterQuery && ((index - first) & 1) ? q_tile : k_tile; };
+  // K of the tile after `index` into its buffer, as its own cp.async group.
   auto load_next_keys = [&](int index) {
     if (index + 1 < last) {
       const int next_start = tile_entry_index(params.tiles.entries[index + 1]) * kBlockN;
-      async_load_tile<KVTile, kThreads>(k_tile, k + next_start * params.k_strides.row, params.k_strides.row,
-                                        min(kBlockN, shape.kv_len - next_start), thread);
+      async_load_tile<KVTile, kThreads>(key_buffer(index + 1), k + next_start * params.k_strides.row,
+                                        params.k_strides.row, min(kBlockN, shape.kv_len - next_start), thread);
     }
     cp_async_commit();
   };
+  unsigned q_fragments[kRegisterQuery ? kMAtoms : 1][kRegisterQuery ? kHeadDim / 16 : 1][4];
+  if constexpr (kRegisterQuery) {
+    cp_async_wait<0>();  // Q and K(first) have landed
+    __syncthreads();     // ... for every thread; the loop's first barrier frees Q's buffer
+    load_a_fragments<QTile>(q_fragments, q_tile, warp_row0, lane);
+  }
 
   for (int index = first; index < last; ++index) {
     const int entry = params.tiles.entries[index];
@@ -109,15 +122,21 @@ __global__ void __launch_bounds__(Config::kThreads)
     async_load_tile<KVTile, kThreads>(v_tile, v + kv_start * params.v_strides.row, params.v_strides.row, kv_rows,
                                       thread);
     cp_async_commit();
+    if constexpr (kRegisterQuery) load_next_keys(index);  // into the buffer K(j - 1) left
 
     const bool checked = tile_entry_partial(entry) || query_edge || kv_rows < kBlockN;
     if (tile_entry_partial(entry)) logits.template stage_varying<kBlockN, false, ColumnStage::kUsed>(warp_columns, kv_start, shape.q_len, shape.kv_len, lane);
     float scores[kMAtoms][kScoreBlocks][4];
 #pragma unroll
     for (int m = 0; m < kMAtoms; ++m) zero(scores[m]);
-    warp_mma_rows<Element, kMAtoms, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(
-        scores, q_tile, warp_row0, 0, k_tile, 0, 0, lane);
-    if constexpr (Config::kEarlyKeyLoad) {
+    if constexpr (kRegisterQuery) {
+      warp_mma_rows_from_fragments<Element, kMAtoms, kScoreBlocks, kHeadDim / 16, false, KVTile>(
+          scores, q_fragments, key_buffer(index), 0, 0, lane);
+    } else {
+      warp_mma_rows<Element, kMAtoms, kScoreBlocks, kHeadDim / 16, false, false, QTile, KVTile>(
+          scores, q_tile, warp_row0, 0, k_tile, 0, 0, lane);
+    }
+    if constexpr (kPipeline == ForwardPipeline::kSharedQueryEarlyKey) {
       __syncthreads();  // every warp has read K(j): fetch K(j + 1) under the softmax and O += P V(j)
       load_next_keys(index);
     }
@@ -153,9 +172,10 @@ __global__ void __launch_bounds__(Config::kThreads)
       }
     }
 
-    cp_async_wait<Config::kEarlyKeyLoad ? 1 : 0>();  // V(j) has landed (K(j + 1) may be in flight)
-    __syncthreads();                                  // ... for every thread, and everyone is done with K(j)
-    if constexpr (!Config::kEarlyKeyLoad) load_next_keys(index);
+    constexpr bool kKeysAhead = kPipeline != ForwardPipeline::kSharedQuery;  // K(j + 1) committed after V(j)
+    cp_async_wait<kKeysAhead ? 1 : 0>();  // V(j) has landed (K(j + 1) may be in flight)
+    __syncthreads();                      // ... for every thread, and everyone is done with K(j)
+    if constexpr (!kKeysAhead) load_next_keys(index);
 
     // O += P V, P taken straight from the score accumulators.
     warp_mma_from_accumulators<Element, KVTile>(out, scores, v_tile, lane);

@@ -117,28 +117,19 @@ __device__ __forceinline__ void load_b_pair_transposed(unsigned (&b)[4], const E
   ldmatrix_x4_trans(b, shared_address(tile + Tile::offset(k, n)));
 }
 
-// One warp: acc (16*kMAtoms x 8*kBlocksN) += A (16*kMAtoms x 16*kSteps) * B (16*kSteps x 8*kBlocksN).
-// A rows a_row0.. (m-atom m at a_row0 + 16m), columns a_k0..; B columns b_n0..,
-// reduction rows b_k0... Each B fragment serves all kMAtoms row blocks, so more
-// m-atoms per warp means fewer shared-memory reads per product.
-// kATransposed: A's tile is stored [K][M]; kBTransposed: B's tile is stored [K][N]
-// (otherwise [N][K]).
-template <class Element, int kMAtoms, int kBlocksN, int kSteps, bool kATransposed, bool kBTransposed, class ATile,
-          class BTile>
-__device__ __forceinline__ void warp_mma_rows(float (&acc)[kMAtoms][kBlocksN][4], const Element* a_tile, int a_row0,
-                                              int a_k0, const Element* b_tile, int b_n0, int b_k0, int lane) {
+// One warp: acc (16*kMAtoms x 8*kBlocksN) += A (16*kMAtoms x 16*kSteps) * B (16*kSteps x 8*kBlocksN),
+// with load_a(step, a) giving A's fragments of reduction step `step` (m-atom m
+// in a[m]). B columns b_n0.., reduction rows b_k0.. of b_tile, stored [K][N]
+// with kBTransposed and [N][K] otherwise. Each B fragment serves all kMAtoms
+// row blocks, so more m-atoms per warp means fewer shared-memory reads per product.
+template <class Element, int kMAtoms, int kBlocksN, int kSteps, bool kBTransposed, class BTile, class LoadA>
+__device__ __forceinline__ void warp_mma_steps(float (&acc)[kMAtoms][kBlocksN][4], const LoadA& load_a_step,
+                                               const Element* b_tile, int b_n0, int b_k0, int lane) {
   static_assert(kBlocksN % 2 == 0, "B fragments are loaded two 8-column blocks at a time");
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) {
     unsigned a[kMAtoms][4];
-#pragma unroll
-    for (int m = 0; m < kMAtoms; ++m) {
-      if constexpr (kATransposed) {
-        load_a_transposed<ATile>(a[m], a_tile, a_row0 + 16 * m, a_k0 + step * 16, lane);
-      } else {
-        load_a<ATile>(a[m], a_tile, a_row0 + 16 * m, a_k0 + step * 16, lane);
-      }
-    }
+    load_a_step(step, a);
 #pragma unroll
     for (int pair = 0; pair < kBlocksN / 2; ++pair) {
       unsigned b[4];
@@ -154,6 +145,53 @@ __device__ __forceinline__ void warp_mma_rows(float (&acc)[kMAtoms][kBlocksN][4]
       }
     }
   }
+}
+
+// warp_mma_steps with A read from a_tile: rows a_row0.. (m-atom m at
+// a_row0 + 16m), columns a_k0..; kATransposed: A's tile is stored [K][M].
+template <class Element, int kMAtoms, int kBlocksN, int kSteps, bool kATransposed, bool kBTransposed, class ATile,
+          class BTile>
+__device__ __forceinline__ void warp_mma_rows(float (&acc)[kMAtoms][kBlocksN][4], const Element* a_tile, int a_row0,
+                                              int a_k0, const Element* b_tile, int b_n0, int b_k0, int lane) {
+  const auto load_a_step = [&](int step, unsigned (&a)[kMAtoms][4]) {
+#pragma unroll
+    for (int m = 0; m < kMAtoms; ++m) {
+      if constexpr (kATransposed) {
+        load_a_transposed<ATile>(a[m], a_tile, a_row0 + 16 * m, a_k0 + step * 16, lane);
+      } else {
+        load_a<ATile>(a[m], a_tile, a_row0 + 16 * m, a_k0 + step * 16, lane);
+      }
+    }
+  };
+  warp_mma_steps<Element, kMAtoms, kBlocksN, kSteps, kBTransposed, BTile>(acc, load_a_step, b_tile, b_n0, b_k0, lane);
+}
+
+// The A fragments of rows row0.. (m-atom m at row0 + 16m) and all kSteps
+// reduction steps of a tile stored [M][K], for a warp that keeps them in
+// registers across products (warp_mma_rows_from_fragments).
+template <class ATile, int kMAtoms, int kSteps, class Element>
+__device__ __forceinline__ void load_a_fragments(unsigned (&a)[kMAtoms][kSteps][4], const Element* tile, int row0,
+                                                 int lane) {
+#pragma unroll
+  for (int m = 0; m < kMAtoms; ++m) {
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) load_a<ATile>(a[m][step], tile, row0 + 16 * m, step * 16, lane);
+  }
+}
+
+// warp_mma_steps with A from fragments held in registers (load_a_fragments).
+template <class Element, int kMAtoms, int kBlocksN, int kSteps, bool kBTransposed, class BTile>
+__device__ __forceinline__ void warp_mma_rows_from_fragments(float (&acc)[kMAtoms][kBlocksN][4],
+                                                             const unsigned (&a_fragments)[kMAtoms][kSteps][4],
+                                                             const Element* b_tile, int b_n0, int b_k0, int lane) {
+  const auto load_a_step = [&](int step, unsigned (&a)[kMAtoms][4]) {
+#pragma unroll
+    for (int m = 0; m < kMAtoms; ++m) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[m][i] = a_fragments[m][step][i];
+    }
+  };
+  warp_mma_steps<Element, kMAtoms, kBlocksN, kSteps, kBTransposed, BTile>(acc, load_a_step, b_tile, b_n0, b_k0, lane);
 }
 
 // warp_mma_rows for one m-atom (16 rows).

@@ -48,6 +48,7 @@ using dflex::kernels::AttentionForwardConfig;
 using dflex::kernels::AttentionForwardParams;
 using dflex::kernels::AttentionShape;
 using dflex::kernels::DefaultAttentionConfigs;
+using dflex::kernels::ForwardPipeline;
 using dflex::kernels::kRowKernelThreads;
 using dflex::kernels::TensorStrides;
 using dflex::kernels::TileList;
@@ -203,6 +204,15 @@ void launch_backward(const AttentionBackwardParams& params, const Variant& varia
 
 std::string config_shape(int block_m, int block_n) { return std::to_string(block_m) + "x" + std::to_string(block_n); }
 
+std::string pipeline_label(ForwardPipeline pipeline) {
+  switch (pipeline) {
+    case ForwardPipeline::kSharedQuery: return "";
+    case ForwardPipeline::kSharedQueryEarlyKey: return " early K";
+    case ForwardPipeline::kRegisterQuery: return " Q regs";
+  }
+  return " ?";
+}
+
 // The kernels that run a problem. A policy names the forward and backward
 // configs (they fix the tile-list shapes) and launches the kernels.
 template <class Forward_, class Backward_>
@@ -212,7 +222,7 @@ struct PortableKernels {
   static std::string name() { return "portable"; }
   static std::string forward_label() {
     return "fwd " + config_shape(Forward::kBlockM, Forward::kBlockN) + " w" + std::to_string(Forward::kWarps) +
-           (Forward::kEarlyKeyLoad ? " early K" : "");
+           pipeline_label(Forward::kPipeline);
   }
   static std::string backward_label() {
     return "bwd " + config_shape(Backward::kBlockM, Backward::kBlockN) + " w" + std::to_string(Backward::kWarps) +
@@ -680,6 +690,22 @@ void check_documents(const std::string& name, int batch, int q_heads, int kv_hea
                                                   DocumentVariant{IdentityScore{}, device_ids.get(), length});
 }
 
+// A forward pipeline (ForwardPipeline) at sm_120's 64 x 64 head_dim 128 tiles:
+// the DFlash mask, documents (partial tiles) and causal with an odd length
+// (an odd number of key tiles per row, so both K buffers end a row).
+template <ForwardPipeline kPipeline>
+void check_forward_pipeline(const std::string& label) {
+  struct Configs {
+    using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 64, 64, 4, kPipeline>;
+    using Backward = DefaultAttentionConfigs<__nv_bfloat16, 128, 120>::Backward;
+  };
+  check_dflash<__nv_bfloat16, 128, 120, Configs>(label + ": dflash", 1, 8, 2, 40, 600, 4, 15);
+  check_documents<__nv_bfloat16, 128, 120, Configs>(label + ": documents", 1, 4, 2, 555, 19);
+  CaseSpec spec{label + ": causal wide", square_problem(1, 4, 2, 900, 900, 128)};
+  spec.seed = 3;
+  check_case<__nv_bfloat16, 128, 120, Configs>(spec, CausalVariant{}, CausalVariant{});
+}
+
 void run_checks() {
   std::printf("Correctness: error = max|x - ref| / max|ref| against a float64 CPU reference; pass <= %.0e.\n"
               "tiles = forward list full/partial; masked = rows that see no key; '!n' = n non-finite or\n"
@@ -793,18 +819,9 @@ void run_checks() {
   check_dflash<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: dflash gqa4", 1, 8, 2, 40, 600, 4, 15);
   check_documents<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: documents", 1, 4, 2, 555, 19);
   check_dflash<__nv_bfloat16, 128, 120, Sm120WideCandidates>("candidates 128x32: dflash", 1, 8, 2, 40, 600, 4, 15);
-  // The forward that fetches K(j + 1) before the softmax of tile j.
-  struct Sm120EarlyKey {
-    using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 64, 64, 4, true>;
-    using Backward = DefaultAttentionConfigs<__nv_bfloat16, 128, 120>::Backward;
-  };
-  check_dflash<__nv_bfloat16, 128, 120, Sm120EarlyKey>("candidates early K: dflash", 1, 8, 2, 40, 600, 4, 15);
-  check_documents<__nv_bfloat16, 128, 120, Sm120EarlyKey>("candidates early K: documents", 1, 4, 2, 555, 19);
-  {
-    CaseSpec spec{"candidates early K: causal wide", square_problem(1, 4, 2, 900, 900, 128)};
-    spec.seed = 3;
-    check_case<__nv_bfloat16, 128, 120, Sm120EarlyKey>(spec, CausalVariant{}, CausalVariant{});
-  }
+  // The forward pipelines that are not defaults, at sm_120's tiles.
+  check_forward_pipeline<ForwardPipeline::kSharedQueryEarlyKey>("candidates early K");
+  check_forward_pipeline<ForwardPipeline::kRegisterQuery>("candidates Q regs");
   // The head_dim 256 backward with dQ in chunks of 16 (the sweep's candidate).
   struct Sm120WideChunk16 {
     using Forward = DefaultAttentionConfigs<__nv_bfloat16, 256, 120>::Forward;
@@ -1074,15 +1091,18 @@ void run_timing() {
 // dQ chunks also on causal 8192 at head_dim 128 and 256.
 void run_sweep() {
   using Element = __nv_bfloat16;
+  constexpr ForwardPipeline EarlyKey = ForwardPipeline::kSharedQueryEarlyKey;
+  constexpr ForwardPipeline RegisterQuery = ForwardPipeline::kRegisterQuery;
   using Defaults = DefaultAttentionConfigs<Element, 128>;
   print_timing_header();
   with_dflash_timing_problem([](const auto& t) {
     if (g_run_portable) {
       time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(t);
-      // K(j + 1) fetched before the softmax of tile j (a third barrier per key tile).
-      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, true>, Defaults::Backward>>(t);
-      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 64, 4, true>, Defaults::Backward>>(t);
+      // The other forward pipelines (ForwardPipeline).
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, EarlyKey>, Defaults::Backward>>(t);
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 64, 4, EarlyKey>, Defaults::Backward>>(t);
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, RegisterQuery>, Defaults::Backward>>(t);
       // 32-key tiles: 32 KB of shared memory, three blocks per SM on sm_120 where registers allow.
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 32, 4>, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 32, 8>, Defaults::Backward>>(t);
@@ -1110,7 +1130,9 @@ void run_sweep() {
   const auto causal_problem = causal_timing_problem("causal 8192", 32, 8, 128);
   time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(causal_problem);
   time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4>, Defaults::Backward>>(causal_problem);
-  time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, true>, Defaults::Backward>>(
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, EarlyKey>, Defaults::Backward>>(
+      causal_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, RegisterQuery>, Defaults::Backward>>(
       causal_problem);
   time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(
       causal_problem);
