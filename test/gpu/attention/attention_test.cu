@@ -690,20 +690,22 @@ void check_documents(const std::string& name, int batch, int q_heads, int kv_hea
                                                   DocumentVariant{IdentityScore{}, device_ids.get(), length});
 }
 
-// A forward pipeline (ForwardPipeline) at sm_120's 64 x 64 head_dim 128 tiles:
-// the DFlash mask, documents (partial tiles) and causal with an odd length
-// (an odd number of key tiles per row, so both K buffers end a row).
-template <ForwardPipeline kPipeline>
+// A forward pipeline (ForwardPipeline) at sm_120's tiles of a head_dim (64
+// queries, kBlockN keys): the DFlash mask, documents (partial tiles) and
+// causal with spread logits (rows whose key tiles alternate between both K
+// buffers and end in either).
+template <int kHeadDim, int kBlockN, ForwardPipeline kPipeline>
 void check_forward_pipeline(const std::string& label) {
   struct Configs {
-    using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 64, 64, 4, kPipeline>;
-    using Backward = DefaultAttentionConfigs<__nv_bfloat16, 128, 120>::Backward;
+    using Forward = AttentionForwardConfig<__nv_bfloat16, kHeadDim, 64, kBlockN, 4, kPipeline>;
+    using Backward = typename DefaultAttentionConfigs<__nv_bfloat16, kHeadDim, 120>::Backward;
   };
-  check_dflash<__nv_bfloat16, 128, 120, Configs>(label + ": dflash", 1, 8, 2, 40, 600, 4, 15);
-  check_documents<__nv_bfloat16, 128, 120, Configs>(label + ": documents", 1, 4, 2, 555, 19);
-  CaseSpec spec{label + ": causal wide", square_problem(1, 4, 2, 900, 900, 128)};
+  check_dflash<__nv_bfloat16, kHeadDim, 120, Configs>(label + ": dflash", 1, 8, 2, 40, 600, 4, 15);
+  check_documents<__nv_bfloat16, kHeadDim, 120, Configs>(label + ": documents", 1, 4, 2, 555, 19);
+  CaseSpec spec{label + ": causal wide", square_problem(1, 4, 2, 900, 900, kHeadDim)};
+  spec.input_stddev = 1.8;
   spec.seed = 3;
-  check_case<__nv_bfloat16, 128, 120, Configs>(spec, CausalVariant{}, CausalVariant{});
+  check_case<__nv_bfloat16, kHeadDim, 120, Configs>(spec, CausalVariant{}, CausalVariant{});
 }
 
 void run_checks() {
@@ -820,8 +822,10 @@ void run_checks() {
   check_documents<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: documents", 1, 4, 2, 555, 19);
   check_dflash<__nv_bfloat16, 128, 120, Sm120WideCandidates>("candidates 128x32: dflash", 1, 8, 2, 40, 600, 4, 15);
   // The forward pipelines that are not defaults, at sm_120's tiles.
-  check_forward_pipeline<ForwardPipeline::kSharedQueryEarlyKey>("candidates early K");
-  check_forward_pipeline<ForwardPipeline::kRegisterQuery>("candidates Q regs");
+  check_forward_pipeline<128, 64, ForwardPipeline::kSharedQueryEarlyKey>("candidates early K");
+  check_forward_pipeline<128, 64, ForwardPipeline::kRegisterQuery>("candidates Q regs");
+  check_forward_pipeline<256, 32, ForwardPipeline::kSharedQueryEarlyKey>("candidates d256 early K");
+  check_forward_pipeline<256, 32, ForwardPipeline::kRegisterQuery>("candidates d256 Q regs");
   // The head_dim 256 backward with dQ in chunks of 16 (the sweep's candidate).
   struct Sm120WideChunk16 {
     using Forward = DefaultAttentionConfigs<__nv_bfloat16, 256, 120>::Forward;
@@ -1141,6 +1145,9 @@ void run_sweep() {
   using Wide = DefaultAttentionConfigs<Element, 256>;
   const auto wide_problem = causal_timing_problem("causal 8192 d256", 16, 4, 256);
   time_kernels<PortableKernels<Wide::Forward, Wide::Backward>>(wide_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 256, 64, 32, 4, EarlyKey>, Wide::Backward>>(wide_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 256, 64, 32, 4, RegisterQuery>, Wide::Backward>>(
+      wide_problem);
   time_kernels<PortableKernels<Wide::Forward, AttentionBackwardConfig<Element, 256, 32, 32, 4, 16>>>(wide_problem);
 }
 
