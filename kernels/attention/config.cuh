@@ -14,7 +14,7 @@ namespace kernels {
 enum class ForwardPipeline {
   kSharedQuery,           // Q read from shared memory per tile; one K buffer, K(j + 1) fetched under O += P V(j)
   kSharedQueryEarlyKey,   // as kSharedQuery, K(j + 1) fetched right after S(j), under the softmax too (a third barrier)
-  kRegisterQuery,         // Q's fragments held in registers, its buffer a second K buffer: K(j + 1) under all of tile j
+  kRegisterQuery,         // Q's fragments held in registers and two K buffers: K(j + 1) under all of tile j
 };
 
 // Forward: one block per (query tile of kBlockM, query head, batch); each of
@@ -31,11 +31,15 @@ struct AttentionForwardConfig {
   static constexpr ForwardPipeline kPipeline = kPipeline_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMAtoms = kBlockM / (16 * kWarps);
-  using QTile = SwizzledTile<kBlockM, kHeadDim>;   // Q (or the second K buffer), then O on the way out
-  using KVTile = SwizzledTile<kBlockN, kHeadDim>;  // one K and one V buffer
-  static constexpr int kSharedBytes = QTile::kBytes + 2 * KVTile::kBytes;
-  static_assert(kPipeline != ForwardPipeline::kRegisterQuery || kBlockN <= kBlockM,
-                "a second K buffer in Q's place needs key tiles no larger than query tiles");
+  using QTile = SwizzledTile<kBlockM, kHeadDim>;   // Q, then O on the way out
+  using KVTile = SwizzledTile<kBlockN, kHeadDim>;  // K and V buffers
+  static constexpr bool kRegisterQuery = kPipeline == ForwardPipeline::kRegisterQuery;
+  // Q, one K and one V buffer; or with kRegisterQuery two K buffers and V's,
+  // Q loaded over the second K buffer and V's (both free until the first key
+  // tile's loads, which wait for Q's fragments) and O staged there at the end.
+  static constexpr int kSharedBytes = kRegisterQuery ? 3 * KVTile::kBytes : QTile::kBytes + 2 * KVTile::kBytes;
+  static_assert(!kRegisterQuery || QTile::kBytes <= 2 * KVTile::kBytes,
+                "Q in registers: Q must fit the second K buffer and V's");
 
   static_assert(kHeadDim % 64 == 0, "head_dim must be a multiple of 64");
   static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0, "tiles are made of 16x16 mma blocks");

@@ -5,8 +5,8 @@
 // Pipeline (Config::kPipeline, ForwardPipeline): the load of V(j) overlaps
 // S = Q K(j)^T and the softmax; the load of K(j+1) overlaps O += P V(j), or
 // the softmax too (kSharedQueryEarlyKey, a third barrier per key tile), or
-// all of tile j (kRegisterQuery: Q's fragments stay in registers and its
-// buffer holds every other K tile).
+// all of tile j (kRegisterQuery: Q's fragments stay in registers, so its
+// shared memory serves a second K buffer).
 #pragma once
 
 #include "config.cuh"
@@ -34,10 +34,15 @@ __global__ void __launch_bounds__(Config::kThreads)
   constexpr int kOutBlocks = kHeadDim / 8;
   constexpr int kMAtoms = Config::kMAtoms;
 
+  constexpr ForwardPipeline kPipeline = Config::kPipeline;
+  constexpr bool kRegisterQuery = Config::kRegisterQuery;
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  Element* q_tile = reinterpret_cast<Element*>(shared_memory);
-  Element* k_tile = q_tile + kBlockM * kHeadDim;
-  Element* v_tile = k_tile + kBlockN * kHeadDim;
+  Element* const shared_base = reinterpret_cast<Element*>(shared_memory);
+  // Config::kSharedBytes: Q, K, V; with kRegisterQuery K, second K, V, with Q over the last two.
+  Element* const k_tile = kRegisterQuery ? shared_base : shared_base + kBlockM * kHeadDim;
+  Element* const second_k_tile = k_tile + kBlockN * kHeadDim;  // kRegisterQuery only
+  Element* const v_tile = kRegisterQuery ? second_k_tile + kBlockN * kHeadDim : k_tile + kBlockN * kHeadDim;
+  Element* const q_tile = kRegisterQuery ? second_k_tile : shared_base;
 
   const AttentionShape& shape = params.shape;
   const int thread = threadIdx.x;
@@ -91,11 +96,8 @@ __global__ void __launch_bounds__(Config::kThreads)
   __shared__ ColumnStage column_stage;
   typename VisibilitySides<Variant, false>::Varying* warp_columns = column_stage.of_warp(thread >> 5);
 
-  constexpr ForwardPipeline kPipeline = Config::kPipeline;
-  constexpr bool kRegisterQuery = kPipeline == ForwardPipeline::kRegisterQuery;
-  // The K buffer of list entry `index`: with kRegisterQuery every other tile
-  // goes to Q's buffer, free once Q's fragments are in registers.
-  auto key_buffer = [&](int index) { return kRegisterQuery && ((index - first) & 1) ? q_tile : k_tile; };
+  // The K buffer of list entry `index` (kRegisterQuery: the two alternate).
+  auto key_buffer = [&](int index) { return kRegisterQuery && ((index - first) & 1) ? second_k_tile : k_tile; };
   // K of the tile after `index` into its buffer, as its own cp.async group.
   auto load_next_keys = [&](int index) {
     if (index + 1 < last) {
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   unsigned q_fragments[kRegisterQuery ? kMAtoms : 1][kRegisterQuery ? kHeadDim / 16 : 1][4];
   if constexpr (kRegisterQuery) {
     cp_async_wait<0>();  // Q and K(first) have landed
-    __syncthreads();     // ... for every thread; the loop's first barrier frees Q's buffer
+    __syncthreads();     // ... for every thread; the loop's first barrier frees Q's place
     load_a_fragments<QTile>(q_fragments, q_tile, warp_row0, lane);
   }
 
