@@ -122,7 +122,8 @@ constexpr int kRowKernelThreads = 256;
 // target (kComputeCapability 90: H100/H200; 120: RTX PRO 6000 / RTX 5090).
 // sm_90 forwards give each warp 32 query rows where registers allow (each K/V
 // fragment read from shared memory serves twice the rows); sm_120's compiler
-// spills those, so its forwards keep 16 rows per warp.
+// spills those, so its forwards keep 16 rows per warp. sm_120's forward
+// pipelines were timed at sm_120's occupancy (docs/perf.md).
 template <class Element, int kHeadDim, int kComputeCapability = 90>
 struct DefaultAttentionConfigs;
 
@@ -145,7 +146,8 @@ struct DefaultAttentionConfigs<Element, 64, kComputeCapability> {
 template <class Element, int kComputeCapability>
 struct DefaultAttentionConfigs<Element, 128, kComputeCapability> {
   using Forward = typename Select<(kComputeCapability >= 120),
-                                  AttentionForwardConfig<Element, 128, 64, 64, 4>,      // 48 KB
+                                  AttentionForwardConfig<Element, 128, 64, 64, 4,
+                                                         ForwardPipeline::kSharedQueryEarlyKey>,  // 48 KB
                                   AttentionForwardConfig<Element, 128, 128, 64, 4>>::Type;  // 64 KB
   using Backward = AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>;               // 80.5 KB
 };
@@ -153,9 +155,10 @@ struct DefaultAttentionConfigs<Element, 128, kComputeCapability> {
 template <class Element, int kComputeCapability>
 struct DefaultAttentionConfigs<Element, 256, kComputeCapability> {
   using Forward = typename Select<(kComputeCapability >= 120),
-                                  AttentionForwardConfig<Element, 256, 64, 32, 4>,      // 64 KB
+                                  AttentionForwardConfig<Element, 256, 64, 32, 4,
+                                                         ForwardPipeline::kRegisterQuery>,  // 48 KB
                                   AttentionForwardConfig<Element, 256, 64, 64, 4>>::Type;  // 96 KB
-  using Backward = AttentionBackwardConfig<Element, 256, 32, 32, 4, 32>;               // 68.25 KB
+  using Backward = AttentionBackwardConfig<Element, 256, 32, 32, 4, 16>;               // 68.25 KB
 };
 
 }  // namespace kernels

@@ -822,22 +822,8 @@ void run_checks() {
   check_documents<__nv_bfloat16, 128, 120, Sm120Candidates>("candidates: documents", 1, 4, 2, 555, 19);
   check_dflash<__nv_bfloat16, 128, 120, Sm120WideCandidates>("candidates 128x32: dflash", 1, 8, 2, 40, 600, 4, 15);
   // The forward pipelines that are not defaults, at sm_120's tiles.
-  check_forward_pipeline<128, 64, ForwardPipeline::kSharedQueryEarlyKey>("candidates early K");
   check_forward_pipeline<128, 64, ForwardPipeline::kRegisterQuery>("candidates Q regs");
-  check_forward_pipeline<256, 32, ForwardPipeline::kSharedQueryEarlyKey>("candidates d256 early K");
   check_forward_pipeline<256, 32, ForwardPipeline::kRegisterQuery>("candidates d256 Q regs");
-  // The head_dim 256 backward with dQ in chunks of 16 (the sweep's candidate).
-  struct Sm120WideChunk16 {
-    using Forward = DefaultAttentionConfigs<__nv_bfloat16, 256, 120>::Forward;
-    using Backward = AttentionBackwardConfig<__nv_bfloat16, 256, 32, 32, 4, 16>;
-  };
-  check_dflash<__nv_bfloat16, 256, 120, Sm120WideChunk16>("candidates d256 c16: dflash", 1, 8, 2, 40, 600, 4, 15);
-  {
-    CaseSpec spec{"candidates d256 c16: softcap", square_problem(1, 4, 2, 555, 555, 256)};
-    spec.problem.scale = 0.25;
-    spec.seed = 16;
-    check_case<__nv_bfloat16, 256, 120, Sm120WideChunk16>(spec, SoftcapCausalVariant{15.f}, SoftcapCausalVariant{15.f});
-  }
   // dQ without the fp32 accumulator (attention_backward_grad_q_pass_kernel).
   struct Sm120GradQPass {
     using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 64, 64, 4>;
@@ -1145,10 +1131,10 @@ void run_sweep() {
   using Wide = DefaultAttentionConfigs<Element, 256>;
   const auto wide_problem = causal_timing_problem("causal 8192 d256", 16, 4, 256);
   time_kernels<PortableKernels<Wide::Forward, Wide::Backward>>(wide_problem);
-  time_kernels<PortableKernels<AttentionForwardConfig<Element, 256, 64, 32, 4, EarlyKey>, Wide::Backward>>(wide_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 256, 64, 32, 4>, Wide::Backward>>(wide_problem);
   time_kernels<PortableKernels<AttentionForwardConfig<Element, 256, 64, 32, 4, RegisterQuery>, Wide::Backward>>(
       wide_problem);
-  time_kernels<PortableKernels<Wide::Forward, AttentionBackwardConfig<Element, 256, 32, 32, 4, 16>>>(wide_problem);
+  time_kernels<PortableKernels<Wide::Forward, AttentionBackwardConfig<Element, 256, 32, 32, 4, 32>>>(wide_problem);
 }
 
 }  // namespace
