@@ -75,7 +75,7 @@ PORTABLE_FORWARD_LAUNCH = {
     (128, 90): {"threads": 128, "shared_bytes": 65536, "block_m": 128, "block_n": 64},
     (128, 120): {"threads": 128, "shared_bytes": 49152, "block_m": 64, "block_n": 64},
     (256, 90): {"threads": 128, "shared_bytes": 98304, "block_m": 64, "block_n": 64},
-    (256, 120): {"threads": 128, "shared_bytes": 65536, "block_m": 64, "block_n": 32}}
+    (256, 120): {"threads": 128, "shared_bytes": 49152, "block_m": 64, "block_n": 32}}
 PORTABLE_BACKWARD_LAUNCH = {
     64: {"threads": 128, "shared_bytes": 49664, "block_m": 64, "block_n": 64, "row_kernel_threads": 256},
     128: {"threads": 256, "shared_bytes": 82432, "block_m": 64, "block_n": 64, "row_kernel_threads": 256},

@@ -823,7 +823,10 @@ void run_checks() {
   check_dflash<__nv_bfloat16, 128, 120, Sm120WideCandidates>("candidates 128x32: dflash", 1, 8, 2, 40, 600, 4, 15);
   // The forward pipelines that are not defaults, at sm_120's tiles.
   check_forward_pipeline<128, 64, ForwardPipeline::kRegisterQuery>("candidates Q regs");
-  check_forward_pipeline<256, 32, ForwardPipeline::kRegisterQuery>("candidates d256 Q regs");
+  check_forward_pipeline<64, 64, ForwardPipeline::kSharedQueryEarlyKey>("candidates d64 early K");
+  check_forward_pipeline<64, 64, ForwardPipeline::kRegisterQuery>("candidates d64 Q regs");
+  // sm_120's head_dim 256 forward on more masks than the sm120 cfg cases above.
+  check_forward_pipeline<256, 32, ForwardPipeline::kRegisterQuery>("sm120 cfg d256");
   // dQ without the fp32 accumulator (attention_backward_grad_q_pass_kernel).
   struct Sm120GradQPass {
     using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 64, 64, 4>;
@@ -1078,7 +1081,7 @@ void run_timing() {
 }
 
 // Candidate configs on the DFlash shape, the defaults first; portable backward
-// dQ chunks also on causal 8192 at head_dim 128 and 256.
+// dQ chunks also on causal 8192 at head_dim 128 and 256; sm_120's head_dim 64 forward pipelines.
 void run_sweep() {
   using Element = __nv_bfloat16;
   constexpr ForwardPipeline EarlyKey = ForwardPipeline::kSharedQueryEarlyKey;
@@ -1135,6 +1138,14 @@ void run_sweep() {
   time_kernels<PortableKernels<AttentionForwardConfig<Element, 256, 64, 32, 4, RegisterQuery>, Wide::Backward>>(
       wide_problem);
   time_kernels<PortableKernels<Wide::Forward, AttentionBackwardConfig<Element, 256, 32, 32, 4, 32>>>(wide_problem);
+  // head_dim 64 (prefix_lm's): sm_120's forward with each pipeline.
+  using Narrow = DefaultAttentionConfigs<Element, 64, 120>;
+  const auto narrow_problem = causal_timing_problem("causal 8192 d64", 16, 16, 64);
+  time_kernels<PortableKernels<Narrow::Forward, Narrow::Backward>>(narrow_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 64, 64, 64, 4, EarlyKey>, Narrow::Backward>>(
+      narrow_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 64, 64, 64, 4, RegisterQuery>, Narrow::Backward>>(
+      narrow_problem);
 }
 
 }  // namespace
