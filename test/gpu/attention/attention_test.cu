@@ -1060,24 +1060,25 @@ bool sm90_selected() { return g_run_sm90 && g_sm90_device; }
 
 // The default kernels of every selected implementation on one timing problem;
 // under --sm120-occupancy the portable kernels with sm_120's configs.
-template <class Variant>
+template <int kHeadDim, class Variant>
 void time_defaults(const TimingProblem<Variant>& t) {
-  using Defaults = DefaultAttentionConfigs<__nv_bfloat16, 128>;
-  using Sm120Defaults = DefaultAttentionConfigs<__nv_bfloat16, 128, 120>;
+  using Defaults = DefaultAttentionConfigs<__nv_bfloat16, kHeadDim>;
+  using Sm120Defaults = DefaultAttentionConfigs<__nv_bfloat16, kHeadDim, 120>;
   if (g_run_portable && g_sm120_occupancy) {
-    time_kernels<PortableKernels<Sm120Defaults::Forward, Sm120Defaults::Backward>>(t);
+    time_kernels<PortableKernels<typename Sm120Defaults::Forward, typename Sm120Defaults::Backward>>(t);
   } else if (g_run_portable) {
-    time_kernels<PortableKernels<Defaults::Forward, Defaults::Backward>>(t);
+    time_kernels<PortableKernels<typename Defaults::Forward, typename Defaults::Backward>>(t);
   }
 #ifdef DFLEX_TEST_SM90
-  if (sm90_selected()) time_kernels<DefaultSm90Kernels<__nv_bfloat16, 128>>(t);
+  if (sm90_selected()) time_kernels<DefaultSm90Kernels<__nv_bfloat16, kHeadDim>>(t);
 #endif
 }
 
 void run_timing() {
   print_timing_header();
-  with_dflash_timing_problem([](const auto& t) { time_defaults(t); });
-  time_defaults(causal_timing_problem("causal 8192", 32, 8, 128));
+  with_dflash_timing_problem([](const auto& t) { time_defaults<128>(t); });
+  time_defaults<128>(causal_timing_problem("causal 8192", 32, 8, 128));
+  time_defaults<256>(causal_timing_problem("causal 8192 d256", 16, 4, 256));
 }
 
 // Candidate configs on the DFlash shape, the defaults first; portable backward
