@@ -4,7 +4,7 @@
 usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR[,BUNDLES_DIR...]
                           [--quick | --dflash-only | --causal-only | --masks[=T,...]]
                           [--kernels LIST] [--kernel-times] [--flex-mma-sync] [--flex-autotune]
-                          [--flex-sm120-smem]
+                          [--flex-sm120-smem] [--flex-sm120-occupancy]
 
 BUNDLES_DIR holds one bundle per example (dflex-compile output). For each
 shape: forward and forward+backward time (CUDA events; calls back to back,
@@ -49,6 +49,12 @@ sm_120's 101,376 B per block, so that a config an sm_120 block cannot hold
 fails to load (OutOfResources, as on that GPU) and autotuning drops it: with
 the two options above, flex as it could run on an sm_120 card, each config
 it runs counted (and printed) with its shared memory.
+--flex-sm120-occupancy (implies --flex-sm120-smem) also pads each Triton
+kernel's shared memory at load, so that a multiprocessor of this GPU holds as
+many of its blocks as an sm_120 one (100 KB per SM there, 1 KB reserved per
+block): the same occupancy that dflex-compile --portable-configs-of sm_120
+gives dflex's portable kernels, so both sides run as an RTX PRO 6000 would
+run them, autotuning included.
 """
 
 import glob
@@ -64,7 +70,9 @@ if MMA_SYNC_ONLY:  # before Triton is loaded: it reads both when it compiles
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="dflex-bench-triton-")
 COMPILE_OPTIONS = {"mode": "max-autotune-no-cudagraphs"} if "--flex-autotune" in sys.argv else {}
 SM120_SHARED_BYTES = 101376  # the most shared memory an sm_120 block may have
-SM120_SHARED_CAP = "--flex-sm120-smem" in sys.argv
+SM120_SHARED_PER_SM, RESERVED_PER_BLOCK = 102400, 1024  # an sm_120 multiprocessor's, and per block
+SM120_OCCUPANCY = "--flex-sm120-occupancy" in sys.argv
+SM120_SHARED_CAP = "--flex-sm120-smem" in sys.argv or SM120_OCCUPANCY
 if SM120_SHARED_CAP:  # Inductor's own cubin launcher would load kernels past Triton's check
     os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] = "0"
 
@@ -73,17 +81,48 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from timing import kernel_ms, median_ms, steady_ms
 
-flex_kernels_loaded = {}  # Triton kernel name -> shared bytes, under --flex-sm120-smem
+flex_kernels_loaded = {}  # Triton kernel name -> (shared bytes, bytes it launches with), under --flex-sm120-smem
+
+
+def sm120_occupancy_shared_bytes(shared_bytes):
+    """The shared memory with which this GPU's multiprocessor holds as many blocks
+    needing `shared_bytes` as an sm_120 one (kernels/common/device.cuh has the same rule)."""
+    per_sm = torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_multiprocessor
+    if shared_bytes == 0 or per_sm == SM120_SHARED_PER_SM:
+        return shared_bytes
+    blocks = max(1, SM120_SHARED_PER_SM // (shared_bytes + RESERVED_PER_BLOCK))
+    least = -(-(per_sm // (blocks + 1) - RESERVED_PER_BLOCK + 1) // 128) * 128  # blocks + 1 no longer fit
+    return max(shared_bytes, least)
+
+
 if SM120_SHARED_CAP:
+    import ctypes
+
     import triton.compiler.compiler as triton_compiler
 
     device_shared_bytes = triton_compiler.max_shared_mem
     triton_compiler.max_shared_mem = lambda device: min(device_shared_bytes(device), SM120_SHARED_BYTES)
     loaded_kernel = triton_compiler.CompiledKernel._init_handles
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
     def init_handles_within_sm120(kernel):
+        if kernel.module is not None:
+            return
         loaded_kernel(kernel)  # raises OutOfResources past the cap
-        flex_kernels_loaded[kernel.name] = kernel.metadata.shared
+        shared = kernel.metadata.shared
+        launched = sm120_occupancy_shared_bytes(shared) if SM120_OCCUPANCY else shared
+        if launched != shared:
+            # Triton launches with the shared bytes of its packed metadata
+            # (num_warps, num_ctas, shared), read by Inductor's launchers after this load.
+            if tuple(kernel.packed_metadata)[2:] != (shared,):
+                sys.exit(f"attention_bench: --flex-sm120-occupancy: unexpected Triton launch metadata "
+                         f"{kernel.packed_metadata} for {kernel.name}")
+            status = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(
+                ctypes.c_void_p(kernel.function), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, launched)
+            if status != 0:
+                sys.exit(f"attention_bench: cuFuncSetAttribute({kernel.name}, {launched} B) failed: {status}")
+            kernel.packed_metadata = tuple(kernel.packed_metadata)[:2] + (launched,)
+        flex_kernels_loaded[kernel.name] = (shared, launched)
 
     triton_compiler.CompiledKernel._init_handles = init_handles_within_sm120
 
@@ -383,9 +422,12 @@ if MMA_SYNC_ONLY:
 if SM120_SHARED_CAP:
     # Every Triton kernel the process loaded went through the capped check;
     # none loaded would mean flex ran through a launcher the cap misses.
-    largest = max(flex_kernels_loaded.values(), default=None)
+    largest = max((shared for shared, _ in flex_kernels_loaded.values()), default=None)
     print(f"\nTriton kernels loaded under sm_120's {SM120_SHARED_BYTES} B per block: {len(flex_kernels_loaded)}, "
           f"the largest with {largest} B of shared memory")
+    if SM120_OCCUPANCY:
+        print("Launched at sm_120's occupancy (shared bytes -> bytes launched with): " +
+              ", ".join(sorted({f"{shared} -> {launched}" for shared, launched in flex_kernels_loaded.values()})))
     if largest is None or largest > SM120_SHARED_BYTES:
         sys.exit("attention_bench: --flex-sm120-smem, but flex's kernels did not load through the capped check")
 if flex_failures:

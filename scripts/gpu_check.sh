@@ -2,7 +2,8 @@
 # On the GPU machine, from the repository root: builds the runtime half
 # against the machine's LibTorch, runs every GPU correctness check and the
 # benchmarks, and prints a short table last. Needs the bundles made by
-# scripts/prepare_gpu.sh in .device/bundles. Logs go to $OUT (or /tmp/dflex-gpu).
+# scripts/prepare_gpu.sh in .device/bundles and .device/bundles_sm120. Logs go
+# to $OUT (or /tmp/dflex-gpu).
 # DFLEX_SKIP_CHECKS=1 runs only the benchmarks, DFLEX_SKIP_BENCH=1 only the checks
 # (the two halves fit one device call each); DFLEX_ONLY="name ..." runs only the
 # steps named (after the build); DFLEX_MASK_LENGTHS="1300,8192" picks the
@@ -81,10 +82,11 @@ step build build_runtime
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step attention_bench_mma_sync python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so \
     .device/bundles --kernels portable --flex-mma-sync --flex-autotune
-# The same, flex's configs limited to what an sm_120 block holds (101,376 B of shared memory).
+# The same as on an sm_120 card: flex's configs limited to what an sm_120 block holds (101,376 B of
+# shared memory), dflex with sm_120's configs, both at sm_120's blocks per SM.
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step attention_bench_sm120 python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so \
-    .device/bundles --kernels portable --flex-mma-sync --flex-autotune --flex-sm120-smem
+    .device/bundles_sm120 --kernels portable --flex-mma-sync --flex-autotune --flex-sm120-occupancy
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step train_bench python3 bench/train_bench.py build-gpu .device/bundles
 # dflex-train against the PyTorch recipe on the same batches, side by side.

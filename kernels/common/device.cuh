@@ -12,6 +12,37 @@ namespace kernels {
 // Blackwell, RTX 5090) allows 99 KB per block, less than sm_90's 227 KB.
 constexpr int kMaxSharedMemoryPerBlock = 101376;
 
+// Shared memory per multiprocessor by compute capability (the CUDA
+// programming guide's table; 0 where it has none), of which the driver
+// reserves 1 KB per resident block.
+__host__ __device__ constexpr int shared_bytes_per_sm(int compute_capability) {
+  switch (compute_capability) {
+    case 75: return 65536;
+    case 80: case 87: return 167936;
+    case 86: case 89: case 120: case 121: return 102400;
+    case 90: case 100: case 103: case 110: return 233472;
+    default: return 0;
+  }
+}
+constexpr int kSharedBytesReservedPerBlock = 1024;
+
+// The dynamic shared memory with which a kernel that needs `shared_bytes`
+// runs as many blocks per multiprocessor on a GPU with `device_per_sm` bytes
+// per SM as it would on one with `proxy_per_sm`: an sm_90 GPU padded this way
+// does not hide latency with blocks an sm_120 card cannot hold. The padding
+// is the least (in 128-byte steps) that keeps one more block out, so a few
+// KB of static shared memory on top leave the count as it is. Unpadded where
+// either size is unknown or the two are the same.
+__host__ __device__ constexpr int occupancy_proxy_shared_bytes(int shared_bytes, int device_per_sm,
+                                                               int proxy_per_sm) {
+  if (shared_bytes == 0 || device_per_sm == 0 || proxy_per_sm == 0 || device_per_sm == proxy_per_sm)
+    return shared_bytes;
+  const int per_block = shared_bytes + kSharedBytesReservedPerBlock;
+  const int blocks = proxy_per_sm / per_block > 0 ? proxy_per_sm / per_block : 1;
+  const int padded = (device_per_sm / (blocks + 1) - kSharedBytesReservedPerBlock + 128) / 128 * 128;
+  return padded > shared_bytes ? padded : shared_bytes;
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 

@@ -74,28 +74,40 @@ Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
   source << "\n} // namespace dflex_generated\n\n";
 
   // Launch constants of one pass's main kernel, in the order of its
-  // launch array's names (bundle::launchArray).
-  auto launchArray = [&](LaunchArray array, const std::string &config, bool backward) {
+  // launch array's names (bundle::launchArray). Portable kernels with
+  // another arch's configs also run at that arch's occupancy: their shared
+  // memory is padded so that a multiprocessor of this binary's arch holds as
+  // many of their blocks as one of that arch would.
+  auto launchArray = [&](LaunchArray array, const std::string &config, bool backward,
+                         bool portable) {
     const bundle::LaunchArrayInfo &info = bundle::launchArray(array);
+    const std::string sharedBytes = config + "::kSharedBytes";
+    const std::string launchSharedBytes =
+        portable && portableConfigsOf
+            ? "::dflex::kernels::occupancy_proxy_shared_bytes(" + sharedBytes +
+                  ", ::dflex::kernels::shared_bytes_per_sm("
+                  "::dflex::kernels::kCompiledComputeCapability), "
+                  "::dflex::kernels::shared_bytes_per_sm(" + configsOf + "))"
+            : sharedBytes;
     source << "extern \"C\" __device__ const int " << info.symbol << "[" << info.names.size()
            << "] = {\n"
-           << "    " << config << "::kThreads, " << config << "::kSharedBytes,\n"
+           << "    " << config << "::kThreads, " << launchSharedBytes << ",\n"
            << "    " << config << "::kBlockM, " << config << "::kBlockN"
            << (backward ? ",\n    ::dflex::kernels::kRowKernelThreads};\n" : "};\n");
   };
   source << "// Launch constants, read back from each arch's compiled module:\n"
          << "// threads per block, dynamic shared bytes, query tile, key tile\n"
          << "// (backward: and threads of the row kernels).\n";
-  launchArray(LaunchArray::Forward, "dflex_generated::Configs::Forward", false);
-  launchArray(LaunchArray::Backward, "dflex_generated::Configs::Backward", true);
+  launchArray(LaunchArray::Forward, "dflex_generated::Configs::Forward", false, true);
+  launchArray(LaunchArray::Backward, "dflex_generated::Configs::Backward", true, true);
   source << "extern \"C\" __device__ const int "
          << bundle::launchArray(LaunchArray::TileClassify).symbol << "[1] = {\n"
          << "    ::dflex::kernels::kTileClassifyThreads};\n";
   if (sm90) {
     source << kSm90Guard;
-    launchArray(LaunchArray::ForwardSm90, "dflex_generated::Sm90Configs::Forward", false);
+    launchArray(LaunchArray::ForwardSm90, "dflex_generated::Sm90Configs::Forward", false, false);
     if (sm90Backward)
-      launchArray(LaunchArray::BackwardSm90, "dflex_generated::Sm90Configs::Backward", true);
+      launchArray(LaunchArray::BackwardSm90, "dflex_generated::Sm90Configs::Backward", true, false);
     source << "#endif\n";
   }
 

@@ -14,8 +14,9 @@ usage: dflex_compile_bundles.py DFLEX_COMPILE EXAMPLES_DIR
   only where they are;
 - without sm_90a (sm_90 + sm_120) the bundle has no Hopper kernels or constants; a
   compute_90a (PTX only) target has them;
-- --portable-configs-of sm_120 gives the sm_90a binary sm_120's portable tiles (its Hopper
-  kernels unchanged); an arch without configs of its own is refused;
+- --portable-configs-of sm_120 gives the sm_90a binary sm_120's portable tiles, their
+  shared memory padded to sm_120's blocks per multiprocessor (its Hopper kernels
+  unchanged); an arch without configs of its own is refused;
 - a second compile is all cache hits, at least 10x faster, and byte-identical;
 - a truncated, flipped, wrongly keyed or empty cache entry is quarantined with a
   warning and rebuilt, and the bundle stays identical;
@@ -80,6 +81,20 @@ PORTABLE_BACKWARD_LAUNCH = {
     64: {"threads": 128, "shared_bytes": 49664, "block_m": 64, "block_n": 64, "row_kernel_threads": 256},
     128: {"threads": 256, "shared_bytes": 82432, "block_m": 64, "block_n": 64, "row_kernel_threads": 256},
     256: {"threads": 128, "shared_bytes": 69888, "block_m": 32, "block_n": 32, "row_kernel_threads": 256}}
+# Shared memory per multiprocessor of sm_90 and sm_120; 1 KB of it is reserved per block.
+SHARED_BYTES_PER_SM = {90: 233472, 120: 102400}
+
+
+def at_sm120_occupancy(launch, arch):
+    """`launch` with its shared memory padded so that a multiprocessor of `arch` holds as
+    many of its blocks as an sm_120 one (sm_120's own binary: unchanged)."""
+    per_sm = SHARED_BYTES_PER_SM[compute_capability(arch)]
+    if per_sm == SHARED_BYTES_PER_SM[120]:
+        return launch
+    blocks = max(1, SHARED_BYTES_PER_SM[120] // (launch["shared_bytes"] + 1024))
+    # The least multiple of 128 bytes with which blocks + 1 no longer fit.
+    least = -(-(per_sm // (blocks + 1) - 1024 + 1) // 128) * 128
+    return dict(launch, shared_bytes=max(launch["shared_bytes"], least))
 
 
 def compile_bundle(tool, source, out, cache, archs=()):
@@ -241,9 +256,9 @@ def main():
             if run.returncode == 0:
                 check_bundle(out, f"dflash for {archs}", archs)
 
-        # --portable-configs-of sm_120: every binary's portable kernels take sm_120's tiles (an
-        # sm_90 GPU then measures what sm_120 runs); the Hopper kernels keep theirs. An arch
-        # without its own configs is refused.
+        # --portable-configs-of sm_120: every binary's portable kernels take sm_120's tiles, at
+        # sm_120's blocks per multiprocessor (an sm_90 GPU then measures what sm_120 runs); the
+        # Hopper kernels keep theirs. An arch without its own configs is refused.
         out = os.path.join(work, "sm120-configs")
         run = subprocess.run([tool, source, "-o", out, "--cache-dir", cache, "--portable-configs-of", "sm_120"],
                              capture_output=True, text=True, timeout=600)
@@ -255,10 +270,12 @@ def main():
                 for arch in DEFAULT_ARCHS:
                     launch = module["binaries"][arch]["launch"]
                     where = f"sm_120's configs: {module['name']} {arch}"
-                    check(launch.get("dflex_forward_launch") == PORTABLE_FORWARD_LAUNCH[(head_dim, 120)],
-                          f"{where}: forward {launch.get('dflex_forward_launch')}")
-                    check(launch.get("dflex_backward_launch") == PORTABLE_BACKWARD_LAUNCH[head_dim],
-                          f"{where}: backward {launch.get('dflex_backward_launch')}")
+                    forward = at_sm120_occupancy(PORTABLE_FORWARD_LAUNCH[(head_dim, 120)], arch)
+                    backward = at_sm120_occupancy(PORTABLE_BACKWARD_LAUNCH[head_dim], arch)
+                    check(launch.get("dflex_forward_launch") == forward,
+                          f"{where}: forward {launch.get('dflex_forward_launch')}, expected {forward}")
+                    check(launch.get("dflex_backward_launch") == backward,
+                          f"{where}: backward {launch.get('dflex_backward_launch')}, expected {backward}")
                 check(module["binaries"]["sm_90a"]["launch"].get("dflex_forward_sm90_launch")
                       == SM90_FORWARD_LAUNCH[head_dim], f"sm_120's configs: {module['name']} Hopper forward")
         run = subprocess.run([tool, source, "-o", os.path.join(work, "sm999-configs"), "--cache-dir", cache,

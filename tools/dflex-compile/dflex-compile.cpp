@@ -72,8 +72,9 @@ llvm::cl::opt<bool> quiet("quiet", llvm::cl::desc("no summary line"),
 llvm::cl::opt<std::string> portableConfigsOf(
     "portable-configs-of",
     llvm::cl::desc("give every binary's portable attention kernels the tile configs of this "
-                   "arch (e.g. sm_120 in an sm_90a bundle, to measure sm_120's kernels on an "
-                   "sm_90 GPU); default: each binary its own arch's"),
+                   "arch, launched with as many blocks per multiprocessor as it holds (e.g. "
+                   "sm_120 in an sm_90a bundle, to measure sm_120's kernels on an sm_90 GPU); "
+                   "default: each binary its own arch's"),
     llvm::cl::value_desc("arch"), llvm::cl::cat(compileOptions));
 
 int fail(const llvm::Twine &message) {

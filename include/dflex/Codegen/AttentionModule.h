@@ -40,8 +40,9 @@ bool hasOwnPortableConfigs(int computeCapability);
 /// portable kernels for every arch (with the DefaultAttentionConfigs of the
 /// compute capability each binary is compiled for, or of
 /// `portableConfigsOf` in every binary when it is not 0: e.g. 120 gives an
-/// sm_90 binary sm_120's tiles, so that an sm_90 GPU measures the kernels
-/// sm_120 runs), and for head dims that have them the Hopper kernels
+/// sm_90 binary sm_120's tiles, and launch constants that pad their shared
+/// memory to sm_120's blocks per multiprocessor, so that an sm_90 GPU
+/// measures the kernels sm_120 runs at the occupancy sm_120 gives them), and for head dims that have them the Hopper kernels
 /// (forward, backward) for sm_90a (roles with an "_sm90" suffix, their own
 /// launch constants; bundle::kSm90Target). `mask` and `scoreMod` are
 /// lowered bodies; `scoreMod`, when present, must carry its derivative

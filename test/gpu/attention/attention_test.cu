@@ -3,7 +3,8 @@
 //   --self-test  check the float64 reference's gradients by finite differences (CPU only)
 //   --check      forward + backward on random inputs for a set of masks, score mods,
 //                head dims, GQA groups, layouts and odd lengths, against the reference
-//   --time       DFlash training shape and causal 8192: fwd and fwd+bwd medians
+//   --time       DFlash training shape and causal 8192 (d128, d256), each in both layouts: fwd and
+//                fwd+bwd medians
 //   --sweep      candidate configs on the DFlash shape, portable backward ones also on causal
 //                8192 at head_dim 128 and 256 (tuning)
 //   --sm120-occupancy  pad each kernel's shared memory so that as many blocks share a
@@ -148,11 +149,9 @@ bool g_sm120_occupancy = false;
 int g_device_shared_per_sm = 0;  // bytes per SM of the device (set in main)
 
 int proxy_shared_bytes(int shared_bytes) {
-  if (!g_sm120_occupancy || shared_bytes == 0) return shared_bytes;
-  constexpr int kSm120SharedPerSm = 102400, kReservedPerBlock = 1024;
-  const int blocks = std::max(1, kSm120SharedPerSm / (shared_bytes + kReservedPerBlock));
-  // The most bytes per block with which the device fits `blocks` per SM.
-  return std::max(shared_bytes, g_device_shared_per_sm / blocks - kReservedPerBlock);
+  if (!g_sm120_occupancy) return shared_bytes;
+  return dflex::kernels::occupancy_proxy_shared_bytes(shared_bytes, g_device_shared_per_sm,
+                                                      dflex::kernels::shared_bytes_per_sm(120));
 }
 
 // Launches kKernel with `shared_bytes` of dynamic shared memory (padded under
@@ -970,7 +969,7 @@ TimingProblem<Variant> make_timing_problem(const std::string& name, const Proble
 }
 
 template <class Kernels, class Variant>
-void time_kernels(const TimingProblem<Variant>& t) {
+void time_kernels(const TimingProblem<Variant>& t, Layout layout = Layout::kBTHD) {
   using Run = AttentionRun<Kernels>;
   using Forward = typename Kernels::Forward;
   using Backward = typename Kernels::Backward;
@@ -982,7 +981,7 @@ void time_kernels(const TimingProblem<Variant>& t) {
                                                       p.kv_len, Backward::kBlockM, Backward::kBlockN);
   const double build_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - build_start).count();
-  Run run(p, Layout::kBTHD, t.inputs, forward_tiles, backward_tiles);
+  Run run(p, layout, t.inputs, forward_tiles, backward_tiles);
 
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
@@ -1019,9 +1018,10 @@ void time_kernels(const TimingProblem<Variant>& t) {
   const double empty_fraction =
       1.0 - static_cast<double>(forward_tiles.full_tiles + forward_tiles.partial_tiles) / forward_tiles.all_tiles;
   std::printf("  %-22s %-22s fwd %6.3f ms (%3.0f TFLOP/s) | bwd %6.3f ms | fwd+bwd %6.3f ms (%3.0f TFLOP/s) | "
-              "fwd tiles %.1f%% empty, lists %.0f ms\n",
+              "fwd tiles %.1f%% empty, lists %.0f ms%s\n",
               Kernels::forward_label().c_str(), Kernels::backward_label().c_str(), fwd, flop_fwd / fwd * 1e-9, bwd,
-              total, 3.5 * flop_fwd / total * 1e-9, 100 * empty_fraction, build_ms);
+              total, 3.5 * flop_fwd / total * 1e-9, 100 * empty_fraction, build_ms,
+              layout == Layout::kBHTD ? ", bhtd" : "");
   std::fflush(stdout);
 }
 
@@ -1061,24 +1061,32 @@ bool sm90_selected() { return g_run_sm90 && g_sm90_device; }
 // The default kernels of every selected implementation on one timing problem;
 // under --sm120-occupancy the portable kernels with sm_120's configs.
 template <int kHeadDim, class Variant>
-void time_defaults(const TimingProblem<Variant>& t) {
+void time_defaults(const TimingProblem<Variant>& t, Layout layout = Layout::kBTHD) {
   using Defaults = DefaultAttentionConfigs<__nv_bfloat16, kHeadDim>;
   using Sm120Defaults = DefaultAttentionConfigs<__nv_bfloat16, kHeadDim, 120>;
   if (g_run_portable && g_sm120_occupancy) {
-    time_kernels<PortableKernels<typename Sm120Defaults::Forward, typename Sm120Defaults::Backward>>(t);
+    time_kernels<PortableKernels<typename Sm120Defaults::Forward, typename Sm120Defaults::Backward>>(t, layout);
   } else if (g_run_portable) {
-    time_kernels<PortableKernels<typename Defaults::Forward, typename Defaults::Backward>>(t);
+    time_kernels<PortableKernels<typename Defaults::Forward, typename Defaults::Backward>>(t, layout);
   }
 #ifdef DFLEX_TEST_SM90
-  if (sm90_selected()) time_kernels<DefaultSm90Kernels<__nv_bfloat16, kHeadDim>>(t);
+  if (sm90_selected()) time_kernels<DefaultSm90Kernels<__nv_bfloat16, kHeadDim>>(t, layout);
 #endif
 }
 
 void run_timing() {
   print_timing_header();
-  with_dflash_timing_problem([](const auto& t) { time_defaults<128>(t); });
-  time_defaults<128>(causal_timing_problem("causal 8192", 32, 8, 128));
-  time_defaults<256>(causal_timing_problem("causal 8192 d256", 16, 4, 256));
+  // Each shape with [B, T, H, D] tensors and with [B, H, T, D] ones (the bench's).
+  with_dflash_timing_problem([](const auto& t) {
+    time_defaults<128>(t);
+    time_defaults<128>(t, Layout::kBHTD);
+  });
+  const auto causal = causal_timing_problem("causal 8192", 32, 8, 128);
+  time_defaults<128>(causal);
+  time_defaults<128>(causal, Layout::kBHTD);
+  const auto wide = causal_timing_problem("causal 8192 d256", 16, 4, 256);
+  time_defaults<256>(wide);
+  time_defaults<256>(wide, Layout::kBHTD);
 }
 
 // Candidate configs on the DFlash shape, the defaults first; portable backward
