@@ -78,6 +78,23 @@ struct SwizzledTile {
   }
 };
 
+// The shared-window address of tile element (row, col). NVRTC keeps shared
+// pointers 64 bits wide, so converting `tile + offset` adds each offset to a
+// 64-bit address and truncates it; converting the tile and adding in 32 bits
+// made its sm_120-config forwards 4-7% faster (docs/perf.md). Not for tiles of
+// 256 columns, where it makes sm_120's head_dim 256 forward spill (52-84 B
+// against 0-8), nor under nvcc, whose shared pointers are 32 bits and which
+// hoists whole addresses out of loops in the pointer form (its forwards were
+// 3-8% slower in the other).
+template <class Tile, class Element>
+__device__ __forceinline__ unsigned tile_address(const Element* tile, int row, int col) {
+#if defined(__CUDACC_RTC__)
+  if constexpr (Tile::kCols < 256)
+    return shared_address(tile) + static_cast<unsigned>(Tile::offset(row, col) * static_cast<int>(sizeof(Element)));
+#endif
+  return shared_address(tile + Tile::offset(row, col));
+}
+
 // Operand fragments from swizzled tiles. "row0/k0" etc. are tile coordinates
 // of the fragment's first element; all must be multiples of 8 (16 for k).
 
@@ -86,7 +103,7 @@ template <class Tile, class Element>
 __device__ __forceinline__ void load_a(unsigned (&a)[4], const Element* tile, int row0, int k0, int lane) {
   const int row = row0 + (lane & 15);
   const int col = k0 + ((lane >> 4) << 3);
-  ldmatrix_x4(a, shared_address(tile + Tile::offset(row, col)));
+  ldmatrix_x4(a, tile_address<Tile>(tile, row, col));
 }
 
 // A (16x16) = transpose of tile[k0 .. k0+15][row0 .. row0+15], tile stored [K][M].
@@ -95,7 +112,7 @@ __device__ __forceinline__ void load_a_transposed(unsigned (&a)[4], const Elemen
                                                   int lane) {
   const int k = k0 + (lane & 7) + ((lane >> 4) << 3);
   const int m = row0 + (((lane >> 3) & 1) << 3);
-  ldmatrix_x4_trans(a, shared_address(tile + Tile::offset(k, m)));
+  ldmatrix_x4_trans(a, tile_address<Tile>(tile, k, m));
 }
 
 // B fragments of two adjacent 8-column blocks n0..n0+7 and n0+8..n0+15 over
@@ -105,7 +122,7 @@ template <class Tile, class Element>
 __device__ __forceinline__ void load_b_pair(unsigned (&b)[4], const Element* tile, int n0, int k0, int lane) {
   const int n = n0 + (lane & 7) + ((lane >> 4) << 3);
   const int k = k0 + (((lane >> 3) & 1) << 3);
-  ldmatrix_x4(b, shared_address(tile + Tile::offset(n, k)));
+  ldmatrix_x4(b, tile_address<Tile>(tile, n, k));
 }
 
 // As load_b_pair, from a tile stored [K][N] (B = tile).
@@ -114,7 +131,7 @@ __device__ __forceinline__ void load_b_pair_transposed(unsigned (&b)[4], const E
                                                        int lane) {
   const int k = k0 + (lane & 7) + (((lane >> 3) & 1) << 3);
   const int n = n0 + ((lane >> 4) << 3);
-  ldmatrix_x4_trans(b, shared_address(tile + Tile::offset(k, n)));
+  ldmatrix_x4_trans(b, tile_address<Tile>(tile, k, n));
 }
 
 // One warp: acc (16*kMAtoms x 8*kBlocksN) += A (16*kMAtoms x 16*kSteps) * B (16*kSteps x 8*kBlocksN),
@@ -293,7 +310,7 @@ __device__ __forceinline__ void async_load_tile(Element* tile, const Element* ro
   if constexpr (kThreads % Tile::kChunksPerRow == 0 && kRowsPerPass % 8 == 0 && Tile::kRows % kRowsPerPass == 0) {
     const int row0 = thread / Tile::kChunksPerRow;
     const int col = (thread % Tile::kChunksPerRow) * 8;
-    const unsigned destination = shared_address(tile + Tile::offset(row0, col));
+    const unsigned destination = tile_address<Tile>(tile, row0, col);
     const Element* source = rows + row0 * row_stride + col;
     const long long pass_stride = kRowsPerPass * row_stride;
 #pragma unroll
@@ -311,7 +328,7 @@ __device__ __forceinline__ void async_load_tile(Element* tile, const Element* ro
       const int col = (chunk % Tile::kChunksPerRow) * 8;
       const bool valid = row < valid_rows;
       const Element* source = valid ? rows + row * row_stride + col : rows;
-      cp_async_16(shared_address(tile + Tile::offset(row, col)), source, valid);
+      cp_async_16(tile_address<Tile>(tile, row, col), source, valid);
     }
   }
 }
