@@ -22,10 +22,12 @@ inline bool check(nvrtcResult result, const char* what) {
 // Compiles `source` for `arch`, the templates of `kernels_dir` and the CUDA
 // headers on the include path, and instantiates `names` (kernel name
 // expressions); prints "<arch> <label>: cubin N bytes". NVRTC's log goes to
-// stderr; with `report`, ptxas's resource report is printed instead and a
-// spill or a serialised wgmma pipeline fails the compile.
+// stderr; with `report`, ptxas's resource report is printed instead, and a
+// kernel spilling more than `spill_budget` bytes or a serialised wgmma
+// pipeline fails the compile.
 inline bool compile(const std::string& kernels_dir, const char* arch, const std::string& label,
-                    const std::string& source, const std::vector<std::string>& names, bool report) {
+                    const std::string& source, const std::vector<std::string>& names, bool report,
+                    int spill_budget = 0) {
   nvrtcProgram program;
   if (!check(nvrtcCreateProgram(&program, source.c_str(), "generated.cu", 0, nullptr, nullptr),
              "nvrtcCreateProgram")) {
@@ -51,11 +53,13 @@ inline bool compile(const std::string& kernels_dir, const char* arch, const std:
   bool ok = check(compiled, "nvrtcCompileProgram");
   if (report) {
     std::printf("%s", log.c_str());
-    // ptxas: "N bytes spill stores" with N > 0, or C7510-C7519 (wgmma serialised / fences injected).
+    // ptxas: "N bytes spill stores" with N > spill_budget, or C7510-C7519 (wgmma serialised / fences injected).
     for (size_t at = log.find("bytes spill stores"); at != std::string::npos; at = log.find("bytes spill stores", at + 1)) {
       const size_t start = log.rfind(',', at);
-      if (start != std::string::npos && std::atoi(log.c_str() + start + 1) != 0) {
-        std::fprintf(stderr, "%s %s: register spills\n", arch, label.c_str());
+      const int spilled = start != std::string::npos ? std::atoi(log.c_str() + start + 1) : 0;
+      if (spilled > spill_budget) {
+        std::fprintf(stderr, "%s %s: %d bytes of register spills, above the %d B budget\n", arch, label.c_str(),
+                     spilled, spill_budget);
         ok = false;
       }
     }
