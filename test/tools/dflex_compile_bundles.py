@@ -17,6 +17,8 @@ usage: dflex_compile_bundles.py DFLEX_COMPILE EXAMPLES_DIR
 - --portable-configs-of sm_120 gives the sm_90a binary sm_120's portable tiles, their
   shared memory padded to sm_120's blocks per multiprocessor (its Hopper kernels
   unchanged); an arch without configs of its own is refused;
+- sm_120's kernels do not spill (ptxas's report in the manifest), except where a budget below
+  records what a kernel is known to spill;
 - a second compile is all cache hits, at least 10x faster, and byte-identical;
 - a truncated, flipped, wrongly keyed or empty cache entry is quarantined with a
   warning and rebuilt, and the bundle stays identical;
@@ -81,6 +83,13 @@ PORTABLE_BACKWARD_LAUNCH = {
     64: {"threads": 128, "shared_bytes": 49664, "block_m": 64, "block_n": 64, "row_kernel_threads": 256},
     128: {"threads": 256, "shared_bytes": 82432, "block_m": 64, "block_n": 64, "row_kernel_threads": 256},
     256: {"threads": 128, "shared_bytes": 69888, "block_m": 32, "block_n": 32, "row_kernel_threads": 256}}
+# sm_120's configs are chosen to compile without spills; the kernels that do spill on
+# sm_120, by module ("*": any) and role, with their bytes of spill stores. More is a regression.
+SM120_SPILL_BUDGETS = {
+    ("softcap_attention", "attention_forward"): 8,  # head_dim 256 with tanh (docs/kernels.md, Configs)
+    ("*", "gated_delta_backward_chunk"): 32,  # at 255 registers (docs/gated-delta.md)
+}
+
 # Shared memory per multiprocessor of sm_90 and sm_120; 1 KB of it is reserved per block.
 SHARED_BYTES_PER_SM = {90: 233472, 120: 102400}
 
@@ -202,6 +211,12 @@ def check_bundle(directory, label, archs=DEFAULT_ARCHS):
             for arch, entry in kernel["archs"].items():
                 check(entry["lowered_name"].startswith("_Z"),
                       f"{label}: {kernel['role']} has no lowered name on {arch}")
+                if compute_capability(arch) == 120:
+                    spilled = entry["resources"]["spill_store_bytes"]
+                    budget = max(SM120_SPILL_BUDGETS.get((module["name"], kernel["role"]), 0),
+                                 SM120_SPILL_BUDGETS.get(("*", kernel["role"]), 0))
+                    check(spilled <= budget, f"{label}: {module['name']} {kernel['role']} spills {spilled} B "
+                                             f"on {arch}, more than its {budget} B")
     return manifest
 
 
