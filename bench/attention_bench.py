@@ -2,7 +2,7 @@
 """dflex attention against torch.compile'd flex_attention, in one process.
 
 usage: attention_bench.py LIBDFLEX_TORCH_OPS BUNDLES_DIR[,BUNDLES_DIR...]
-                          [--quick | --dflash-only | --causal-only | --masks[=T,...]]
+                          [--quick | --dflash-only | --causal-only | --masks[=T,...] [--mask-names=B,...]]
                           [--kernels LIST] [--kernel-times] [--flex-mma-sync] [--flex-autotune]
                           [--flex-sm120-smem] [--flex-sm120-occupancy]
 
@@ -24,7 +24,9 @@ and tables last.
 shape alone, --causal-only the causal shapes alone. --masks measures the
 other examples instead, masks of the kinds users write (a run-time chunk size, documents, windows, prefixes, score
 mods), at a small and a training length (default 1300 and 8192 tokens, or
-the comma-separated lengths given), each at its spec's heads and head dim.
+the comma-separated lengths given), each at its spec's heads and head dim;
+--mask-names=B,... measures only the masks of those bundles (e.g.
+dilated_sliding_window,prefix_lm).
 
 --kernels LIST: comma-separated DFLEX_ATTENTION_KERNELS values (auto,
 portable, sm90); dflex is measured once per value, against the same flex
@@ -133,6 +135,7 @@ DFLASH_ONLY = "--dflash-only" in sys.argv
 CAUSAL_ONLY = "--causal-only" in sys.argv
 MASK_LENGTHS = next(([int(t) for t in arg.split("=", 1)[1].split(",")] if "=" in arg else [1300, 8192]
                      for arg in sys.argv if arg.startswith("--masks")), None)
+MASK_NAMES = next((arg.split("=", 1)[1].split(",") for arg in sys.argv if arg.startswith("--mask-names=")), None)
 DFLASH = MASK_LENGTHS is None  # the DFlash shapes, the causal ones and the anchor layouts
 if CAUSAL_ONLY and (QUICK or DFLASH_ONLY or MASK_LENGTHS):
     sys.exit("attention_bench.py: --causal-only leaves nothing to measure with --quick, --dflash-only or --masks")
@@ -339,8 +342,16 @@ def user_masks(t):
     ]
 
 
+if MASK_NAMES:
+    known = [case[1] for case in user_masks(16)]
+    unknown = sorted(set(MASK_NAMES) - set(known))
+    if unknown or not MASK_LENGTHS:
+        sys.exit(f"attention_bench.py: --mask-names needs --masks and names among {', '.join(known)}"
+                 + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
 for t in MASK_LENGTHS or ():
     for case, bundle, spec, hq, hkv, d, captures, mask_mod, score_mod in user_masks(t):
+        if MASK_NAMES and bundle not in MASK_NAMES:
+            continue
         compare(f"{case} T={t} {hq}/{hkv} d{d}", 1, hq, hkv, t, t, d, dflex_forward(bundle, spec, captures),
                 mask_mod, score_mod=score_mod)
 
