@@ -689,14 +689,14 @@ void check_documents(const std::string& name, int batch, int q_heads, int kv_hea
                                                   DocumentVariant{IdentityScore{}, device_ids.get(), length});
 }
 
-// A forward pipeline (ForwardPipeline) at sm_120's tiles of a head_dim (64
-// queries, kBlockN keys): the DFlash mask, documents (partial tiles) and
-// causal with spread logits (rows whose key tiles alternate between both K
-// buffers and end in either).
-template <int kHeadDim, int kBlockN, ForwardPipeline kPipeline>
+// A forward pipeline (ForwardPipeline) at sm_120's tiles of a head_dim
+// (kBlockM queries over kWarps warps, kBlockN keys): the DFlash mask,
+// documents (partial tiles) and causal with spread logits (rows whose key
+// tiles alternate between both K buffers and end in either).
+template <int kHeadDim, int kBlockN, ForwardPipeline kPipeline, int kBlockM = 64, int kWarps = 4>
 void check_forward_pipeline(const std::string& label) {
   struct Configs {
-    using Forward = AttentionForwardConfig<__nv_bfloat16, kHeadDim, 64, kBlockN, 4, kPipeline>;
+    using Forward = AttentionForwardConfig<__nv_bfloat16, kHeadDim, kBlockM, kBlockN, kWarps, kPipeline>;
     using Backward = typename DefaultAttentionConfigs<__nv_bfloat16, kHeadDim, 120>::Backward;
   };
   check_dflash<__nv_bfloat16, kHeadDim, 120, Configs>(label + ": dflash", 1, 8, 2, 40, 600, 4, 15);
@@ -824,6 +824,9 @@ void run_checks() {
   check_forward_pipeline<128, 64, ForwardPipeline::kRegisterQuery>("candidates Q regs");
   check_forward_pipeline<64, 64, ForwardPipeline::kSharedQueryEarlyKey>("candidates d64 early K");
   check_forward_pipeline<64, 64, ForwardPipeline::kRegisterQuery>("candidates d64 Q regs");
+  // 128 x 64 over 8 warps, one block per sm_120 SM (the sweep's).
+  check_forward_pipeline<128, 64, ForwardPipeline::kSharedQuery, 128, 8>("candidates 128x64 w8");
+  check_forward_pipeline<128, 64, ForwardPipeline::kSharedQueryEarlyKey, 128, 8>("candidates 128x64 w8 early K");
   // sm_120's head_dim 256 forward on more masks than the sm120 cfg cases above.
   check_forward_pipeline<256, 32, ForwardPipeline::kRegisterQuery>("sm120 cfg d256");
   // dQ without the fp32 accumulator (attention_backward_grad_q_pass_kernel).
@@ -1105,6 +1108,10 @@ void run_sweep() {
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, EarlyKey>, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 64, 4, EarlyKey>, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, RegisterQuery>, Defaults::Backward>>(t);
+      // 128 query rows over 8 warps (16 rows each, as sm_120's 64 x 64): one block per sm_120 SM
+      // that loads each key tile once for 128 rows, the shape mma.sync flex's autotuning picks.
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 64, 8>, Defaults::Backward>>(t);
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 64, 8, EarlyKey>, Defaults::Backward>>(t);
       // 32-key tiles: 32 KB of shared memory, three blocks per SM on sm_120 where registers allow.
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 32, 4>, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 32, 8>, Defaults::Backward>>(t);
@@ -1135,6 +1142,9 @@ void run_sweep() {
   time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, EarlyKey>, Defaults::Backward>>(
       causal_problem);
   time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 64, 4, RegisterQuery>, Defaults::Backward>>(
+      causal_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 64, 8>, Defaults::Backward>>(causal_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 64, 8, EarlyKey>, Defaults::Backward>>(
       causal_problem);
   time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(
       causal_problem);
