@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   // The mask's parts of this warp's score columns (LogitMap::stage_varying):
   // the block's keys are fixed, so they change only with the query head.
   using ColumnStage = VaryingPartsStage<Variant, false, Config::kScoreCols, Config::kWarps,
-                                        kMaxSharedMemoryPerBlock - Config::kSharedBytes>;
+                                        portable_stage_bytes(Config::kSharedBytes)>;
   __shared__ ColumnStage column_stage;
   typename ColumnStage::Part* const warp_columns = column_stage.of_warp(warp);
   int staged_head = -1;  // the query head whose column parts warp_columns holds
@@ -457,8 +457,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   zero(grad_q);
   const LogitMap<Variant> logits(variant, batch, head, shape.scale);
   using ColumnStage =
-      VaryingPartsStage<Variant, false, kBlockN, Config::kWarps,
-                        kMaxSharedMemoryPerBlock - kGradQPassSharedBytes<Config>>;
+      VaryingPartsStage<Variant, false, kBlockN, Config::kWarps, portable_stage_bytes(kGradQPassSharedBytes<Config>)>;
   __shared__ ColumnStage column_stage;
   typename VisibilitySides<Variant, false>::Varying* warp_columns = column_stage.of_warp(thread >> 5);
 

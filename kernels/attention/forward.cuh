@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   const int thread_q = q_start + warp_row0 + (lane >> 2);
   // The mask's column parts of a checked key tile, per warp (LogitMap::stage_varying).
   using ColumnStage =
-      VaryingPartsStage<Variant, false, kBlockN, Config::kWarps, kMaxSharedMemoryPerBlock - Config::kSharedBytes>;
+      VaryingPartsStage<Variant, false, kBlockN, Config::kWarps, portable_stage_bytes(Config::kSharedBytes)>;
   __shared__ ColumnStage column_stage;
   typename VisibilitySides<Variant, false>::Varying* warp_columns = column_stage.of_warp(thread >> 5);
 

@@ -64,6 +64,15 @@ struct VaryingPartsStage {
   __device__ __forceinline__ Part* of_warp(int warp) { return parts[kUsed ? warp : 0]; }
 };
 
+// The bytes a portable kernel's block with `dynamic_bytes` of dynamic shared
+// memory has left for a stage: those that do not cost an sm_120 SM one of its
+// blocks. The portable kernels are sm_120's, whose 100 KB per SM are the least
+// of their targets: a 48 KB block has 1 KB to spare, and a stage that took an
+// SM's second block would cost more than it saves.
+__host__ __device__ constexpr int portable_stage_bytes(int dynamic_bytes) {
+  return occupancy_free_shared_bytes(dynamic_bytes, shared_bytes_per_sm(120));
+}
+
 template <class Variant>
 struct LogitMap {
   const Variant& variant;

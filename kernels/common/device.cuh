@@ -26,6 +26,14 @@ __host__ __device__ constexpr int shared_bytes_per_sm(int compute_capability) {
 }
 constexpr int kSharedBytesReservedPerBlock = 1024;
 
+// The static shared memory a block with `dynamic_bytes` of dynamic shared
+// memory may add without an SM of `per_sm` bytes holding fewer of its blocks.
+__host__ __device__ constexpr int occupancy_free_shared_bytes(int dynamic_bytes, int per_sm) {
+  const int per_block = dynamic_bytes + kSharedBytesReservedPerBlock;
+  const int blocks = per_sm / per_block;
+  return blocks > 0 ? per_sm / blocks - per_block : 0;
+}
+
 // The dynamic shared memory with which a kernel that needs `shared_bytes`
 // runs as many blocks per multiprocessor on a GPU with `device_per_sm` bytes
 // per SM as it would on one with `proxy_per_sm`: an sm_90 GPU padded this way

@@ -18,7 +18,8 @@ usage: dflex_compile_bundles.py DFLEX_COMPILE EXAMPLES_DIR
   shared memory padded to sm_120's blocks per multiprocessor (its Hopper kernels
   unchanged); an arch without configs of its own is refused;
 - sm_120's kernels do not spill (ptxas's report in the manifest), except where a budget below
-  records what a kernel is known to spill;
+  records what a kernel is known to spill, and the attention kernels' static shared memory (staged
+  mask parts) never costs an sm_120 SM one of their blocks;
 - a second compile is all cache hits, at least 10x faster, and byte-identical;
 - a truncated, flipped, wrongly keyed or empty cache entry is quarantined with a
   warning and rebuilt, and the bundle stays identical;
@@ -89,6 +90,9 @@ SM120_SPILL_BUDGETS = {
     ("softcap_attention", "attention_forward"): 8,  # head_dim 256 with tanh (docs/kernels.md, Configs)
     ("*", "gated_delta_backward_chunk"): 32,  # at 255 registers (docs/gated-delta.md)
 }
+
+# The launch constants of each portable main kernel's role.
+MAIN_KERNEL_LAUNCH = {"attention_forward": "dflex_forward_launch", "attention_backward": "dflex_backward_launch"}
 
 # Shared memory per multiprocessor of sm_90 and sm_120; 1 KB of it is reserved per block.
 SHARED_BYTES_PER_SM = {90: 233472, 120: 102400}
@@ -217,6 +221,15 @@ def check_bundle(directory, label, archs=DEFAULT_ARCHS):
                                  SM120_SPILL_BUDGETS.get(("*", kernel["role"]), 0))
                     check(spilled <= budget, f"{label}: {module['name']} {kernel['role']} spills {spilled} B "
                                              f"on {arch}, more than its {budget} B")
+                    launch = module["binaries"][arch]["launch"].get(MAIN_KERNEL_LAUNCH.get(kernel["role"]))
+                    if launch:
+                        static = entry["resources"]["static_shared_bytes"]
+                        per_block = launch["shared_bytes"] + 1024
+                        blocks = SHARED_BYTES_PER_SM[120] // per_block
+                        check(SHARED_BYTES_PER_SM[120] // (per_block + static) == blocks,
+                              f"{label}: {module['name']} {kernel['role']}'s {static} B of static shared memory "
+                              f"leave an sm_120 SM {SHARED_BYTES_PER_SM[120] // (per_block + static)} of its "
+                              f"{blocks} blocks")
     return manifest
 
 
