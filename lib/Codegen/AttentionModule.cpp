@@ -2,6 +2,7 @@
 
 #include "dflex/Codegen/AttentionModule.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace dflex::codegen {
@@ -16,7 +17,73 @@ namespace {
 /// compute_90a: the Hopper kernels are declared only under it.
 constexpr const char *kSm90Guard = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n";
 
+/// ForwardPipeline's enumerators, in the order of forwardPipelineNames().
+constexpr const char *kForwardPipelineEnumerators[] = {"kSharedQuery", "kSharedQueryEarlyKey",
+                                                       "kRegisterQuery"};
+
+/// The positive integers of a comma-separated list, and what is left after
+/// `count` of them (empty, or the text after the last comma used).
+Result<std::vector<int>> parseCounts(const std::string &text, size_t count, const char *form,
+                                     std::string *rest) {
+  std::vector<int> values;
+  size_t at = 0;
+  while (values.size() < count) {
+    const size_t comma = text.find(',', at);
+    const std::string field = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const bool digits = !field.empty() && field.size() <= 4 &&
+                        field.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(field) == 0)
+      return Result<std::vector<int>>::failure("'" + text + "': expected " + form + ", with positive integers");
+    values.push_back(std::stoi(field));
+    if (comma == std::string::npos) {
+      at = text.size();
+      break;
+    }
+    at = comma + 1;
+  }
+  if (values.size() < count)
+    return Result<std::vector<int>>::failure("'" + text + "': expected " + form);
+  *rest = at < text.size() ? text.substr(at) : "";
+  return values;
+}
+
 } // namespace
+
+const std::vector<std::string> &forwardPipelineNames() {
+  static const std::vector<std::string> names = {"shared_query", "early_key", "register_query"};
+  return names;
+}
+
+Result<PortableForwardConfig> parsePortableForwardConfig(const std::string &text) {
+  const char *form = "M,N,WARPS[,PIPELINE]";
+  std::string rest;
+  Result<std::vector<int>> counts = parseCounts(text, 3, form, &rest);
+  if (!counts.ok())
+    return counts.status();
+  PortableForwardConfig config{counts.value()[0], counts.value()[1], counts.value()[2],
+                               forwardPipelineNames().front()};
+  if (!rest.empty()) {
+    const auto &names = forwardPipelineNames();
+    if (std::find(names.begin(), names.end(), rest) == names.end()) {
+      std::string known;
+      for (const std::string &name : names)
+        known += (known.empty() ? "" : ", ") + name;
+      return Status::failure("'" + text + "': unknown pipeline '" + rest + "' (expected one of " + known + ")");
+    }
+    config.pipeline = rest;
+  }
+  return config;
+}
+
+Result<PortableBackwardConfig> parsePortableBackwardConfig(const std::string &text) {
+  std::string rest;
+  Result<std::vector<int>> counts = parseCounts(text, 4, "M,N,WARPS,DQ_CHUNK", &rest);
+  if (!counts.ok())
+    return counts.status();
+  if (!rest.empty())
+    return Status::failure("'" + text + "': expected M,N,WARPS,DQ_CHUNK");
+  return PortableBackwardConfig{counts.value()[0], counts.value()[1], counts.value()[2], counts.value()[3]};
+}
 
 bool hasSm90Forward(int64_t headDim) { return headDim == 64 || headDim == 128 || headDim == 256; }
 bool hasSm90Backward(int64_t headDim) { return headDim == 64 || headDim == 128; }
@@ -28,7 +95,8 @@ Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
                                           const expr::Program &mask,
                                           const expr::Program *scoreMod,
                                           const std::string &sourceName,
-                                          int portableConfigsOf) {
+                                          const PortableConfigs &portable) {
+  const int portableConfigsOf = portable.of;
   if (spec.qkHeadDim != spec.vHeadDim)
     return Status::failure("@" + spec.name + ": the attention kernels need "
                            "qk_head_dim == v_head_dim, got " +
@@ -62,12 +130,38 @@ Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
            << kSm90Guard << "#include \"attention/sm90/attention_sm90.cuh\"\n#endif\n";
   const std::string configsOf = portableConfigsOf ? std::to_string(portableConfigsOf)
                                                   : "::dflex::kernels::kCompiledComputeCapability";
+  const std::string defaults = "::dflex::kernels::DefaultAttentionConfigs<" + element + ", " + headDim +
+                               ", " + configsOf + ">";
   source << "\nnamespace dflex_generated {\n\n"
          << emitVariant("Variant", layout.value(), mask, scoreMod) << "\n"
-         << (portableConfigsOf ? "// The configs of compute capability " + configsOf + ", in every binary.\n"
-                               : "// The configs of the arch this binary is compiled for.\n")
-         << "using Configs = ::dflex::kernels::DefaultAttentionConfigs<" << element << ", " << headDim
-         << ", " << configsOf << ">;\n";
+         << (portableConfigsOf ? "// The configs of compute capability " + configsOf + ", in every binary"
+                               : "// The configs of the arch this binary is compiled for")
+         << (portable.forward || portable.backward ? ", but for those chosen at compile time.\n" : ".\n");
+  if (!portable.forward && !portable.backward) {
+    source << "using Configs = " << defaults << ";\n";
+  } else {
+    source << "struct Configs {\n";
+    if (const auto &forward = portable.forward) {
+      const size_t pipeline =
+          std::find(forwardPipelineNames().begin(), forwardPipelineNames().end(), forward->pipeline) -
+          forwardPipelineNames().begin();
+      if (pipeline == forwardPipelineNames().size())
+        return Status::failure("@" + spec.name + ": unknown forward pipeline '" + forward->pipeline + "'");
+      source << "  using Forward = ::dflex::kernels::AttentionForwardConfig<" << element << ", " << headDim << ", "
+             << forward->blockM << ", " << forward->blockN << ", " << forward->warps
+             << ", ::dflex::kernels::ForwardPipeline::" << kForwardPipelineEnumerators[pipeline] << ">;\n";
+    } else {
+      source << "  using Forward = " << defaults << "::Forward;\n";
+    }
+    if (const auto &backward = portable.backward) {
+      source << "  using Backward = ::dflex::kernels::AttentionBackwardConfig<" << element << ", " << headDim
+             << ", " << backward->blockM << ", " << backward->blockN << ", " << backward->warps << ", "
+             << backward->gradQChunk << ">;\n";
+    } else {
+      source << "  using Backward = " << defaults << "::Backward;\n";
+    }
+    source << "};\n";
+  }
   if (sm90)
     source << kSm90Guard << "using Sm90Configs = ::dflex::kernels::Sm90AttentionConfigs<"
            << element << ", " << headDim << ">;\n#endif\n";

@@ -16,7 +16,9 @@ usage: dflex_compile_bundles.py DFLEX_COMPILE EXAMPLES_DIR
   compute_90a (PTX only) target has them;
 - --portable-configs-of sm_120 gives the sm_90a binary sm_120's portable tiles, their
   shared memory padded to sm_120's blocks per multiprocessor (its Hopper kernels
-  unchanged); an arch without configs of its own is refused;
+  unchanged); an arch without configs of its own is refused; --portable-forward-config and
+  --portable-backward-config replace the configs outright (a candidate's launch constants in every
+  binary, NVRTC's compile of it), and malformed ones are refused with the option named;
 - sm_120's kernels do not spill (ptxas's report in the manifest), except where a budget below
   records what a kernel is known to spill, and the attention kernels' static shared memory (staged
   mask parts) never costs an sm_120 SM one of their blocks;
@@ -306,6 +308,32 @@ def main():
                           f"{where}: backward {launch.get('dflex_backward_launch')}, expected {backward}")
                 check(module["binaries"]["sm_90a"]["launch"].get("dflex_forward_sm90_launch")
                       == SM90_FORWARD_LAUNCH[head_dim], f"sm_120's configs: {module['name']} Hopper forward")
+        # A candidate chosen outright: 128 x 64 over 8 warps with early K, a 4-warp chunk-32 backward.
+        out = os.path.join(work, "chosen-configs")
+        run = subprocess.run([tool, source, "-o", out, "--cache-dir", cache, "--portable-configs-of", "sm_120",
+                              "--portable-forward-config", "128,64,8,early_key",
+                              "--portable-backward-config", "64,64,4,32"], capture_output=True, text=True, timeout=600)
+        check(run.returncode == 0, f"dflash with chosen configs: compile failed: {run.stderr}")
+        if run.returncode == 0:
+            manifest = json.load(open(os.path.join(out, "manifest.json")))
+            module = next(m for m in manifest["modules"] if m["name"] == "drafter_attention")
+            for arch in DEFAULT_ARCHS:
+                launch = module["binaries"][arch]["launch"]
+                # Q (32 KB), K and V (16 KB each), padded to sm_120's one block per SM on sm_90a.
+                forward = at_sm120_occupancy({"threads": 256, "shared_bytes": 65536, "block_m": 128,
+                                              "block_n": 64}, arch)
+                check(launch.get("dflex_forward_launch") == forward,
+                      f"chosen configs: {arch} forward {launch.get('dflex_forward_launch')}, expected {forward}")
+                backward = launch.get("dflex_backward_launch", {})
+                check((backward.get("threads"), backward.get("block_m"), backward.get("block_n")) == (128, 64, 64),
+                      f"chosen configs: {arch} backward {backward}")
+        for option, value, complaint in (("--portable-forward-config", "128,64", "expected M,N,WARPS[,PIPELINE]"),
+                                         ("--portable-forward-config", "128,64,8,fast", "unknown pipeline 'fast'"),
+                                         ("--portable-backward-config", "64,64,4", "expected M,N,WARPS,DQ_CHUNK")):
+            run = subprocess.run([tool, source, "-o", os.path.join(work, "bad-configs"), "--cache-dir", cache,
+                                  option, value], capture_output=True, text=True, timeout=600)
+            check(run.returncode != 0 and option in run.stderr and complaint in run.stderr,
+                  f"{option} {value} was not refused by name: {run.returncode} {run.stderr}")
         run = subprocess.run([tool, source, "-o", os.path.join(work, "sm999-configs"), "--cache-dir", cache,
                               "--portable-configs-of", "sm_999"], capture_output=True, text=True, timeout=600)
         check(run.returncode != 0 and "--portable-configs-of 'sm_999'" in run.stderr,

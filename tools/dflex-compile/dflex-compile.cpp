@@ -76,6 +76,17 @@ llvm::cl::opt<std::string> portableConfigsOf(
                    "sm_120 in an sm_90a bundle, to measure sm_120's kernels on an sm_90 GPU); "
                    "default: each binary its own arch's"),
     llvm::cl::value_desc("arch"), llvm::cl::cat(compileOptions));
+llvm::cl::opt<std::string> portableForwardConfig(
+    "portable-forward-config",
+    llvm::cl::desc("give every binary's portable attention forward this config instead of the "
+                   "defaults' (query rows, key rows, warps, pipeline: shared_query, early_key or "
+                   "register_query), to measure a candidate through the bundles and the op"),
+    llvm::cl::value_desc("M,N,WARPS[,PIPELINE]"), llvm::cl::cat(compileOptions));
+llvm::cl::opt<std::string> portableBackwardConfig(
+    "portable-backward-config",
+    llvm::cl::desc("the same for the portable attention backward (query rows, key rows, warps, "
+                   "dQ chunk)"),
+    llvm::cl::value_desc("M,N,WARPS,DQ_CHUNK"), llvm::cl::cat(compileOptions));
 
 int fail(const llvm::Twine &message) {
   llvm::errs() << "dflex-compile: error: " << message << "\n";
@@ -113,7 +124,7 @@ bundle::CompiledModule moduleOf(codegen::GeneratedModule generated, ::dflex::Jso
 }
 
 FailureOr<bundle::CompiledModule> generate(AttentionOp op, StringRef sourceName,
-                                           int portableComputeCapability) {
+                                           const codegen::PortableConfigs &portable) {
   FailureOr<expr::Program> mask = lowerBody(op, op.getMaskAttr());
   if (failed(mask))
     return failure();
@@ -136,7 +147,7 @@ FailureOr<bundle::CompiledModule> generate(AttentionOp op, StringRef sourceName,
   spec.elementType = elementTypeName(op.getElementType());
   spec.scale = op.getSoftmaxScale();
   auto generated = codegen::generateAttention(spec, *mask, scoreMod ? &*scoreMod : nullptr,
-                                              sourceName.str(), portableComputeCapability);
+                                              sourceName.str(), portable);
   if (!generated.ok()) {
     op.emitError(generated.error());
     return failure();
@@ -281,19 +292,31 @@ int main(int argc, char **argv) {
   if (!module)
     return 1;
 
-  int portableComputeCapability = 0;
+  codegen::PortableConfigs portable;
   if (!portableConfigsOf.empty()) {
     auto arch = compile::parseGpuArch(portableConfigsOf);
     if (!arch.ok() || !codegen::hasOwnPortableConfigs(arch.value().computeCapability))
       return fail("--portable-configs-of '" + portableConfigsOf +
                   "': expected an arch with its own portable configs (sm_90 or sm_120)");
-    portableComputeCapability = arch.value().computeCapability;
+    portable.of = arch.value().computeCapability;
+  }
+  if (!portableForwardConfig.empty()) {
+    auto forward = codegen::parsePortableForwardConfig(portableForwardConfig);
+    if (!forward.ok())
+      return fail("--portable-forward-config " + forward.error());
+    portable.forward = forward.value();
+  }
+  if (!portableBackwardConfig.empty()) {
+    auto backward = codegen::parsePortableBackwardConfig(portableBackwardConfig);
+    if (!backward.ok())
+      return fail("--portable-backward-config " + backward.error());
+    portable.backward = backward.value();
   }
   std::vector<bundle::CompiledModule> modules;
   for (Operation &op : module->getBody()->getOperations()) {
     FailureOr<bundle::CompiledModule> generated = failure();
     if (auto attention = dyn_cast<AttentionOp>(op))
-      generated = generate(attention, inputFilename, portableComputeCapability);
+      generated = generate(attention, inputFilename, portable);
     else if (auto gatedDelta = dyn_cast<GatedDeltaOp>(op))
       generated = generate(gatedDelta, inputFilename);
     else

@@ -8,6 +8,7 @@
 #include "dflex/Codegen/Variant.h"
 #include "dflex/Expr/Program.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,16 +34,50 @@ bool hasSm90Forward(int64_t headDim);
 bool hasSm90Backward(int64_t headDim);
 /// Whether DefaultAttentionConfigs (kernels/attention/config.cuh) has
 /// portable configs of a compute capability's own: 90 and 120, the values
-/// generateAttention's `portableConfigsOf` takes.
+/// PortableConfigs::of takes.
 bool hasOwnPortableConfigs(int computeCapability);
+
+/// A portable forward config other than the defaults' (AttentionForwardConfig
+/// in kernels/attention/config.cuh): query rows, key rows, warps and the
+/// pipeline, by its name in forwardPipelineNames().
+struct PortableForwardConfig {
+  int blockM = 0;
+  int blockN = 0;
+  int warps = 0;
+  std::string pipeline;
+};
+/// A portable backward config other than the defaults' (AttentionBackwardConfig).
+struct PortableBackwardConfig {
+  int blockM = 0;
+  int blockN = 0;
+  int warps = 0;
+  int gradQChunk = 0;
+};
+/// The names of the forward pipelines (ForwardPipeline), in its order.
+const std::vector<std::string> &forwardPipelineNames();
+/// Parses "M,N,WARPS[,PIPELINE]" (the pipeline defaulting to the first name)
+/// and "M,N,WARPS,DQ_CHUNK"; the kernels' static_asserts check the rest.
+Result<PortableForwardConfig> parsePortableForwardConfig(const std::string &text);
+Result<PortableBackwardConfig> parsePortableBackwardConfig(const std::string &text);
+
+/// Which configs the portable kernels take in every binary of a module.
+struct PortableConfigs {
+  /// The DefaultAttentionConfigs of this compute capability instead of each
+  /// binary's own (0): e.g. 120 gives an sm_90 binary sm_120's tiles, and
+  /// launch constants that pad their shared memory to sm_120's blocks per
+  /// multiprocessor, so that an sm_90 GPU measures the kernels sm_120 runs
+  /// at the occupancy sm_120 gives them.
+  int of = 0;
+  /// Configs chosen outright (candidates measured through the compiled
+  /// bundles and the op), replacing the defaults' of that pass.
+  std::optional<PortableForwardConfig> forward;
+  std::optional<PortableBackwardConfig> backward;
+};
 
 /// Generates the forward and backward attention kernels of `spec`: the
 /// portable kernels for every arch (with the DefaultAttentionConfigs of the
-/// compute capability each binary is compiled for, or of
-/// `portableConfigsOf` in every binary when it is not 0: e.g. 120 gives an
-/// sm_90 binary sm_120's tiles, and launch constants that pad their shared
-/// memory to sm_120's blocks per multiprocessor, so that an sm_90 GPU
-/// measures the kernels sm_120 runs at the occupancy sm_120 gives them), and for head dims that have them the Hopper kernels
+/// compute capability each binary is compiled for, unless `portable` says
+/// otherwise), and for head dims that have them the Hopper kernels
 /// (forward, backward) for sm_90a (roles with an "_sm90" suffix, their own
 /// launch constants; bundle::kSm90Target). `mask` and `scoreMod` are
 /// lowered bodies; `scoreMod`, when present, must carry its derivative
@@ -51,7 +86,7 @@ Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
                                           const expr::Program &mask,
                                           const expr::Program *scoreMod,
                                           const std::string &sourceName,
-                                          int portableConfigsOf = 0);
+                                          const PortableConfigs &portable = {});
 
 } // namespace dflex::codegen
 

@@ -131,13 +131,59 @@ TEST(CodegenAttention, PortableConfigsOnlyOfComputeCapabilitiesThatHaveThem) {
   EXPECT_TRUE(codegen::hasOwnPortableConfigs(120));
   EXPECT_FALSE(codegen::hasOwnPortableConfigs(80));
   Result<codegen::GeneratedModule> sm120 =
-      codegen::generateAttention(spec, loaded.program("causal"), nullptr, "causal.mlir", 120);
+      codegen::generateAttention(spec, loaded.program("causal"), nullptr, "causal.mlir", {120});
   ASSERT_TRUE(sm120.ok()) << sm120.error();
   EXPECT_NE(sm120.value().source.find("DefaultAttentionConfigs<__nv_bfloat16, 128, 120>"), std::string::npos);
   Result<codegen::GeneratedModule> sm80 =
-      codegen::generateAttention(spec, loaded.program("causal"), nullptr, "causal.mlir", 80);
+      codegen::generateAttention(spec, loaded.program("causal"), nullptr, "causal.mlir", {80});
   ASSERT_FALSE(sm80.ok());
   EXPECT_NE(sm80.error().find("no portable configs of compute capability 80"), std::string::npos) << sm80.error();
+}
+
+TEST(CodegenAttention, PortableConfigsChosenOutright) {
+  auto loaded = test::LoadedModule::fromFile(DFLEX_EXAMPLES_DIR "/causal.mlir");
+  ASSERT_TRUE(loaded.module);
+  bundle::AttentionSpec spec;
+  spec.name = "causal_attention";
+  spec.numQHeads = spec.numKvHeads = 4;
+  spec.qkHeadDim = spec.vHeadDim = 128;
+  spec.elementType = "bf16";
+  spec.scale = 0.0883883f;
+
+  Result<codegen::PortableForwardConfig> forward = codegen::parsePortableForwardConfig("128,64,8,early_key");
+  ASSERT_TRUE(forward.ok()) << forward.error();
+  EXPECT_EQ(forward.value().blockM, 128);
+  EXPECT_EQ(forward.value().blockN, 64);
+  EXPECT_EQ(forward.value().warps, 8);
+  EXPECT_EQ(forward.value().pipeline, "early_key");
+  Result<codegen::PortableBackwardConfig> backward = codegen::parsePortableBackwardConfig("64,64,4,32");
+  ASSERT_TRUE(backward.ok()) << backward.error();
+  EXPECT_EQ(backward.value().gradQChunk, 32);
+
+  codegen::PortableConfigs portable{120, forward.value(), std::nullopt};
+  Result<codegen::GeneratedModule> chosen =
+      codegen::generateAttention(spec, loaded.program("causal"), nullptr, "causal.mlir", portable);
+  ASSERT_TRUE(chosen.ok()) << chosen.error();
+  const std::string &source = chosen.value().source;
+  EXPECT_NE(source.find("using Forward = ::dflex::kernels::AttentionForwardConfig<__nv_bfloat16, 128, 128, 64, 8, "
+                        "::dflex::kernels::ForwardPipeline::kSharedQueryEarlyKey>;"),
+            std::string::npos)
+      << source;
+  EXPECT_NE(source.find("using Backward = ::dflex::kernels::DefaultAttentionConfigs<__nv_bfloat16, 128, 120>::Backward;"),
+            std::string::npos)
+      << source;
+
+  // The pipeline defaults to the first name; bad text names what is wrong.
+  EXPECT_EQ(codegen::parsePortableForwardConfig("64,64,4").value().pipeline, codegen::forwardPipelineNames().front());
+  for (const char *bad : {"", "128,64", "128,64,0", "128,x,8", "128,64,8,fast", "-1,64,8"}) {
+    Result<codegen::PortableForwardConfig> parsed = codegen::parsePortableForwardConfig(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_NE(parsed.error().find(std::string("'") + bad + "'"), std::string::npos) << parsed.error();
+  }
+  EXPECT_NE(codegen::parsePortableForwardConfig("128,64,8,fast").error().find("unknown pipeline 'fast'"),
+            std::string::npos);
+  EXPECT_FALSE(codegen::parsePortableBackwardConfig("64,64,4").ok());
+  EXPECT_FALSE(codegen::parsePortableBackwardConfig("64,64,4,32,1").ok());
 }
 
 } // namespace
