@@ -29,16 +29,22 @@ Result<std::vector<int64_t>> read(const std::string &ptx, bundle::LaunchArray ar
   return compile::readPtxIntArray(ptx, info.symbol, info.names.size());
 }
 
-TEST(CodegenAttention, EachArchsBinaryHasTheConfigsOfItsComputeCapability) {
-  auto loaded = test::LoadedModule::fromFile(DFLEX_EXAMPLES_DIR "/causal.mlir");
-  ASSERT_TRUE(loaded.module);
+/// examples/causal.mlir's spec at head_dim 128, bf16, with these heads.
+bundle::AttentionSpec causalSpec(int64_t qHeads, int64_t kvHeads) {
   bundle::AttentionSpec spec;
   spec.name = "causal_attention";
-  spec.numQHeads = 32;
-  spec.numKvHeads = 8;
+  spec.numQHeads = qHeads;
+  spec.numKvHeads = kvHeads;
   spec.qkHeadDim = spec.vHeadDim = 128;
   spec.elementType = "bf16";
   spec.scale = 0.0883883f;
+  return spec;
+}
+
+TEST(CodegenAttention, EachArchsBinaryHasTheConfigsOfItsComputeCapability) {
+  auto loaded = test::LoadedModule::fromFile(DFLEX_EXAMPLES_DIR "/causal.mlir");
+  ASSERT_TRUE(loaded.module);
+  const bundle::AttentionSpec spec = causalSpec(32, 8);
   Result<codegen::GeneratedModule> module =
       codegen::generateAttention(spec, loaded.program("causal"), nullptr, "causal.mlir");
   ASSERT_TRUE(module.ok()) << module.error();
@@ -121,12 +127,7 @@ TEST(CodegenAttention, EachArchsBinaryHasTheConfigsOfItsComputeCapability) {
 TEST(CodegenAttention, PortableConfigsOnlyOfComputeCapabilitiesThatHaveThem) {
   auto loaded = test::LoadedModule::fromFile(DFLEX_EXAMPLES_DIR "/causal.mlir");
   ASSERT_TRUE(loaded.module);
-  bundle::AttentionSpec spec;
-  spec.name = "causal_attention";
-  spec.numQHeads = spec.numKvHeads = 4;
-  spec.qkHeadDim = spec.vHeadDim = 128;
-  spec.elementType = "bf16";
-  spec.scale = 0.0883883f;
+  const bundle::AttentionSpec spec = causalSpec(4, 4);
   EXPECT_TRUE(codegen::hasOwnPortableConfigs(90));
   EXPECT_TRUE(codegen::hasOwnPortableConfigs(120));
   EXPECT_FALSE(codegen::hasOwnPortableConfigs(80));
@@ -143,12 +144,7 @@ TEST(CodegenAttention, PortableConfigsOnlyOfComputeCapabilitiesThatHaveThem) {
 TEST(CodegenAttention, PortableConfigsChosenOutright) {
   auto loaded = test::LoadedModule::fromFile(DFLEX_EXAMPLES_DIR "/causal.mlir");
   ASSERT_TRUE(loaded.module);
-  bundle::AttentionSpec spec;
-  spec.name = "causal_attention";
-  spec.numQHeads = spec.numKvHeads = 4;
-  spec.qkHeadDim = spec.vHeadDim = 128;
-  spec.elementType = "bf16";
-  spec.scale = 0.0883883f;
+  const bundle::AttentionSpec spec = causalSpec(4, 4);
 
   Result<codegen::PortableForwardConfig> forward = codegen::parsePortableForwardConfig("128,64,8,early_key");
   ASSERT_TRUE(forward.ok()) << forward.error();
