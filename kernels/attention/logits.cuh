@@ -75,18 +75,26 @@ __host__ __device__ constexpr int portable_stage_bytes(int dynamic_bytes) {
 
 template <class Variant>
 struct LogitMap {
+  // The score_mod's part of (batch, head), worked out once (variant.cuh).
+  static constexpr bool kSplitScore = Variant::kHasScoreMod && HasScoreHead<Variant>::value;
+
   const Variant& variant;
   int batch;
   int head;
   float scale;
   float scale_log2;
+  typename ScoreHeadOf<Variant>::Type score_head;
 
   __device__ __forceinline__ LogitMap(const Variant& variant_, int batch_, int head_, float scale_)
-      : variant(variant_), batch(batch_), head(head_), scale(scale_), scale_log2(scale_ * kLog2e) {}
+      : variant(variant_), batch(batch_), head(head_), scale(scale_), scale_log2(scale_ * kLog2e) {
+    if constexpr (kSplitScore) score_head = variant.score_head(batch, head);
+  }
 
   // Logit of an in-range pair, in log2 units.
   __device__ __forceinline__ float logit(float dot, int q, int kv) const {
-    if constexpr (Variant::kHasScoreMod) {
+    if constexpr (kSplitScore) {
+      return variant.score_pair(score_head, dot * scale, q, kv) * kLog2e;
+    } else if constexpr (Variant::kHasScoreMod) {
       return variant.score_mod(dot * scale, batch, head, q, kv) * kLog2e;
     } else {
       return dot * scale_log2;
@@ -95,7 +103,9 @@ struct LogitMap {
 
   // d logit / d dot, in natural units (the scale included).
   __device__ __forceinline__ float logit_grad(float dot, int q, int kv) const {
-    if constexpr (Variant::kHasScoreMod) {
+    if constexpr (kSplitScore) {
+      return variant.score_grad_pair(score_head, dot * scale, q, kv) * scale;
+    } else if constexpr (Variant::kHasScoreMod) {
       return variant.score_mod_grad(dot * scale, batch, head, q, kv) * scale;
     } else {
       return scale;

@@ -30,6 +30,16 @@
 // in its struct: the kernels then work it out once per index for a whole
 // warp and share it through shared memory (LogitMap::stage_varying).
 //
+// Likewise the score_mod split: a variant may provide
+//   struct ScoreHead;
+//   __device__ ScoreHead score_head(long long b, long long h) const;
+//   __device__ float score_pair(const ScoreHead& head, float s, long long q, long long kv) const;
+//   __device__ float score_grad_pair(const ScoreHead& head, float s, long long q, long long kv) const;
+// with score_pair(score_head(b, h), s, q, kv) equal to score_mod(b, h, q, kv)
+// (score_grad_pair to score_mod_grad): the kernels then work out what depends
+// on the batch and head alone (a slope read per head, say) once per batch
+// and head instead of once per pair (LogitMap).
+//
 // A mask whose visible keys of a query row form a few intervals may say so
 // (dflex-compile emits it where the test is shorter than mask_pair):
 //   static constexpr int kKeyIntervals = N;
@@ -64,6 +74,26 @@ struct HasMaskParts {
 template <class Variant>
 struct HasMaskParts<Variant, decltype(void(sizeof(typename Variant::MaskRow)))> {
   static constexpr bool value = true;
+};
+
+// Whether a variant has the score_mod's parts (ScoreHead, score_head, ...).
+template <class Variant, class = void>
+struct HasScoreHead {
+  static constexpr bool value = false;
+};
+template <class Variant>
+struct HasScoreHead<Variant, decltype(void(sizeof(typename Variant::ScoreHead)))> {
+  static constexpr bool value = true;
+};
+
+// The variant's ScoreHead, or an empty struct for a variant without one.
+template <class Variant, bool = HasScoreHead<Variant>::value>
+struct ScoreHeadOf {
+  struct Type {};
+};
+template <class Variant>
+struct ScoreHeadOf<Variant, true> {
+  using Type = typename Variant::ScoreHead;
 };
 
 // Whether working out a mask part reads captured memory (Part::kReadsMemory).

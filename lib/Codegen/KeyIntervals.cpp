@@ -80,7 +80,7 @@ using IntervalSet = std::vector<Interval>; // their union; empty: no key
 class Rewriter {
 public:
   explicit Rewriter(const Program &mask)
-      : mask(mask), out(mask), variance(maskVariance(mask)), range(integerRanges(mask)),
+      : mask(mask), out(mask), variance(bodyVariance(mask)), range(integerRanges(mask)),
         guards(guardsOf(mask)) {}
 
   KeyIntervalForm run() {

@@ -44,7 +44,7 @@ std::optional<Congruence> congruenceOf(const Program &mask, const Instruction &c
 } // namespace
 
 CongruenceSplit splitCongruences(const Program &mask) {
-  const std::vector<Variance> variance = maskVariance(mask);
+  const std::vector<Variance> variance = bodyVariance(mask);
   const std::vector<ValueRange> range = integerRanges(mask);
   const std::vector<std::vector<int32_t>> guards = guardsOf(mask);
   auto splits = [&](int32_t compare, const Congruence &c) {

@@ -28,12 +28,16 @@ std::vector<bool> launchInvariant(const Program &program) {
   return invariant;
 }
 
-std::vector<Variance> maskVariance(const Program &program) {
+std::vector<Variance> bodyVariance(const Program &program) {
   std::vector<Variance> variance(program.instructions.size(), Variance::Fixed);
   for (size_t n = 0; n < program.instructions.size(); ++n) {
     const Instruction &inst = program.instructions[n];
-    if (inst.op == Opcode::Argument) { // b, h, q_idx, kv_idx
-      variance[n] = inst.imm == 2 ? Variance::Row : inst.imm == 3 ? Variance::Column : Variance::Fixed;
+    if (inst.op == Opcode::Argument) { // (score,) b, h, q_idx, kv_idx
+      const int64_t index = inst.imm + (program.isScoreMod ? 0 : 1);
+      variance[n] = index == 0   ? Variance::Pair
+                    : index == 3 ? Variance::Row
+                    : index == 4 ? Variance::Column
+                                 : Variance::Fixed;
       continue;
     }
     uint8_t joined = 0; // Row | Column == Pair

@@ -274,19 +274,66 @@ public:
           invariantField[int32_t(n)] = slot.field;
   }
 
-  /// A score_mod's statements down to `return <value at result>`.
-  void emitScoreMod(int32_t result) {
-    std::vector<bool> wanted(program.instructions.size(), false);
-    wanted[result] = true;
-    emitComputing(wanted);
-    out << "    return " << value(result) << ";\n";
+  /// The score_mod as the part the kernels work out once per (batch, head)
+  /// and the rest, per pair (bodyVariance): score_head returns the fixed
+  /// values the rest reads (a captured slope per head, say), score_pair and
+  /// score_grad_pair compute the score_mod and its derivative from them,
+  /// and score_mod and score_mod_grad compose the parts.
+  void emitSplitScoreMod(int32_t result, int32_t derivative) {
+    const std::vector<Variance> variance = bodyVariance(program);
+    const size_t count = program.instructions.size();
+    auto isPair = [&](size_t n) { return variance[n] != Variance::Fixed; };
+    // Each function's per-pair instructions, and the fixed values they (or
+    // the function, as its result) read.
+    std::vector<std::vector<bool>> inPair, fromHead;
+    std::vector<bool> headOut(count, false);
+    for (int32_t returned : {result, derivative}) {
+      std::vector<bool> wanted(count, false);
+      wanted[returned] = true;
+      const std::vector<bool> live = computing(wanted);
+      std::vector<bool> pair(count, false), fixed(count, false);
+      fixed[returned] = !isPair(returned);
+      for (size_t n = 0; n < count; ++n)
+        if (live[n] && isPair(n)) {
+          pair[n] = true;
+          for (int32_t operand : operandsRead(int32_t(n)))
+            fixed[operand] = fixed[operand] || !isPair(operand);
+        }
+      for (size_t n = 0; n < count; ++n)
+        headOut[n] = headOut[n] || fixed[n];
+      inPair.push_back(std::move(pair));
+      fromHead.push_back(std::move(fixed));
+    }
+    out << "\n  // The score_mod by what its values change with: score_head once per batch\n"
+           "  // and head, score_pair (score_grad_pair: its derivative) per pair from it.\n";
+    emitPart("ScoreHead", "score_head(long long b, long long h)", headOut);
+    const char *pairSignature = "(const ScoreHead &head, float score, long long q_idx, long long kv_idx) const {\n"
+                                "    using namespace ::dflex::sem;\n";
+    const int32_t returned[] = {result, derivative};
+    const char *names[] = {"score_pair", "score_grad_pair"};
+    for (int f = 0; f < 2; ++f) {
+      out << "\n  DFLEX_FUNCTOR float " << names[f] << pairSignature;
+      for (size_t n = 0; n < count; ++n)
+        if (fromHead[f][n])
+          out << "    const " << typeOf(int32_t(n)) << " " << value(int32_t(n)) << " = head." << value(int32_t(n))
+              << ";\n";
+      for (size_t n = 0; n < count; ++n)
+        if (inPair[f][n])
+          emitInstruction(static_cast<int32_t>(n));
+      out << "    return " << value(returned[f]) << ";\n  }\n";
+    }
+    const char *scoreSignature =
+        "(float score, long long b, long long h, long long q_idx, long long kv_idx) const {\n";
+    for (int f = 0; f < 2; ++f)
+      out << "\n  DFLEX_FUNCTOR float " << (f ? "score_mod_grad" : "score_mod") << scoreSignature << "    return "
+          << names[f] << "(score_head(b, h), score, q_idx, kv_idx);\n  }\n";
   }
 
   /// The mask as the parts the kernels evaluate once per query row, once per
-  /// key column and once per pair (maskVariance): mask_row and mask_column
+  /// key column and once per pair (bodyVariance): mask_row and mask_column
   /// return the values mask_pair reads, and mask() composes the three.
   void emitSplitMask(int32_t result) {
-    const std::vector<Variance> variance = maskVariance(program);
+    const std::vector<Variance> variance = bodyVariance(program);
     const size_t count = program.instructions.size();
     // The pair part's instructions, and the row and column values it reads
     // (fixed values travel with the row).
@@ -357,14 +404,21 @@ private:
   /// (A hoisted invariant is read from its member, and a divisor with a
   /// slot from its magic: what computes them is not run.)
   std::vector<bool> computing(std::vector<bool> live) const {
-    for (size_t n = live.size(); n-- > 0;) {
-      if (!live[n] || invariantField.count(int32_t(n)))
-        continue;
-      const std::vector<int32_t> &operands = program.instructions[n].operands;
-      for (size_t k = 0; k < operands.size(); ++k)
-        live[operands[k]] = live[operands[k]] || !(k == 1 && divisorField.count(int32_t(n)));
-    }
+    for (size_t n = live.size(); n-- > 0;)
+      if (live[n])
+        for (int32_t operand : operandsRead(int32_t(n)))
+          live[operand] = true;
     return live;
+  }
+
+  /// The operands instruction n's statement reads.
+  std::vector<int32_t> operandsRead(int32_t n) const {
+    if (invariantField.count(n))
+      return {};
+    std::vector<int32_t> read = program.instructions[n].operands;
+    if (divisorField.count(n))
+      read.erase(read.begin() + 1);
+    return read;
   }
 
   void emitComputing(const std::vector<bool> &values) {
@@ -395,6 +449,15 @@ private:
         << "    using namespace ::dflex::sem;\n";
     emitComputing(outputs);
     out << "    return " << structName << "{" << members << "};\n  }\n";
+  }
+
+  /// Whether integer instruction n (add, sub or mul) can run in 32 bits:
+  /// both operands are held in 32, and its result wraps at 32 bits or is
+  /// known to fit them without wrapping at its own width.
+  bool in32Bits(int32_t n) const {
+    const Instruction &inst = program.instructions[n];
+    const int width = expr::intWidth(inst.type);
+    return narrow[inst.operands[0]] && narrow[inst.operands[1]] && (width == 32 || (width == 64 && narrow[n]));
   }
 
   std::string operand(const Instruction &inst, int k) const {
@@ -470,9 +533,9 @@ private:
                    (isFloat ? "(float)" : "(i64)") + padding + ")";
       break;
     }
-    case Opcode::AddI: expression = call("addi", {a(), b(), W}); break;
-    case Opcode::SubI: expression = call("subi", {a(), b(), W}); break;
-    case Opcode::MulI: expression = call("muli", {a(), b(), W}); break;
+    case Opcode::AddI: expression = in32Bits(n) ? call("addi32", {a(), b()}) : call("addi", {a(), b(), W}); break;
+    case Opcode::SubI: expression = in32Bits(n) ? call("subi32", {a(), b()}) : call("subi", {a(), b(), W}); break;
+    case Opcode::MulI: expression = in32Bits(n) ? call("muli32", {a(), b()}) : call("muli", {a(), b(), W}); break;
     case Opcode::DivSI: expression = byDivisor(n, "divsi", a(), b(), W); break;
     case Opcode::DivUI: expression = byDivisor(n, "divui", a(), b(), W); break;
     case Opcode::CeilDivSI: expression = byDivisor(n, "ceildivsi", a(), b(), W); break;
@@ -619,21 +682,16 @@ std::string emitVariant(const std::string &structName,
     BodyEmitter(out, intervalForm, layout, false).emitKeyIntervals(intervals.first, intervals.count);
   }
 
-  const char *scoreSignature =
-      "(float score, long long b, long long h, long long q_idx, long long kv_idx) const {\n"
-      "    using namespace ::dflex::sem;\n";
-  out << "\n  DFLEX_FUNCTOR float score_mod" << scoreSignature;
-  if (scoreMod)
-    BodyEmitter(out, *scoreModForm, layout, true).emitScoreMod(scoreModForm->program.result);
-  else
-    out << "    return score;\n";
-  out << "  }\n";
-  out << "\n  DFLEX_FUNCTOR float score_mod_grad" << scoreSignature;
-  if (scoreMod)
-    BodyEmitter(out, *scoreModForm, layout, true).emitScoreMod(scoreModForm->program.scoreDerivative);
-  else
-    out << "    return 1.0f;\n";
-  out << "  }\n};\n";
+  if (scoreMod) {
+    BodyEmitter(out, *scoreModForm, layout, true)
+        .emitSplitScoreMod(scoreModForm->program.result, scoreModForm->program.scoreDerivative);
+  } else {
+    const char *scoreSignature =
+        "(float score, long long b, long long h, long long q_idx, long long kv_idx) const {\n";
+    out << "\n  DFLEX_FUNCTOR float score_mod" << scoreSignature << "    return score;\n  }\n"
+        << "\n  DFLEX_FUNCTOR float score_mod_grad" << scoreSignature << "    return 1.0f;\n  }\n";
+  }
+  out << "};\n";
   return out.str();
 }
 

@@ -226,6 +226,76 @@ inline expr::Program randomIntervalMask(uint64_t seed) {
 /// How many random interval masks the test checks.
 constexpr int kRandomIntervalMasks = 48;
 
+/// Score_mod bodies over the score, b, h, q_idx and kv_idx and RandomBody's
+/// captures: integer values drawn as randomMask draws them, many of b and h
+/// alone (arithmetic on them, reads of `t` at them), turned into floats and
+/// joined with the score by addf, subf, mulf and selects on comparisons, so
+/// that the split into the part of (b, h) and the rest per pair
+/// (Variant.cpp) hands values of every kind from one to the other.
+inline expr::Program randomScoreMod(uint64_t seed) {
+  using expr::Opcode;
+  using expr::ScalarType;
+  RandomBody body("random_score_mod_", seed);
+  auto below = [&](uint64_t n) { return body.below(n); };
+  ProgramBuilder &builder = body.builder;
+  builder.program.isScoreMod = true;
+  const int32_t score = builder.add(Opcode::Argument, ScalarType::F32, {}, 0);
+  std::vector<int32_t> heads, values; // heads: values of b, h and the captures alone
+  for (int argument = 1; argument <= 4; ++argument)
+    values.push_back(builder.add(Opcode::Argument, ScalarType::Index, {}, argument));
+  heads = {values[0], values[1], builder.add(Opcode::Capture, ScalarType::Index, {}, 0),
+           builder.add(Opcode::Constant, ScalarType::Index, {}, 1 + below(16))};
+  values.insert(values.end(), heads.begin() + 2, heads.end());
+  auto pick = [&](const std::vector<int32_t> &from) { return from[below(from.size())]; };
+  static const Opcode kArithmetic[] = {Opcode::AddI,  Opcode::SubI,  Opcode::MulI, Opcode::MinSI, Opcode::MaxSI,
+                                       Opcode::XOrI, Opcode::DivUI, Opcode::RemUI, Opcode::DivSI};
+  const int steps = 4 + static_cast<int>(below(8));
+  for (int step = 0; step < steps; ++step) {
+    const bool ofHead = below(2) == 0;
+    const std::vector<int32_t> &from = ofHead ? heads : values;
+    int32_t made;
+    if (below(3) == 0) { // t[x], padded or not, widened back to an index
+      const int32_t read = builder.add(Opcode::Read, ScalarType::I32, {pick(from)}, 1);
+      builder.program.instructions[read].hasPadding = below(2) == 0;
+      builder.program.instructions[read].paddingInt = -1;
+      made = builder.add(Opcode::ExtSI, ScalarType::Index, {read}, 0, 32);
+    } else {
+      made = builder.add(kArithmetic[below(std::size(kArithmetic))], ScalarType::Index, {pick(from), pick(from)});
+    }
+    values.push_back(made);
+    if (ofHead)
+      heads.push_back(made);
+  }
+  int32_t result = score;
+  const int joins = 1 + static_cast<int>(below(3));
+  for (int join = 0; join < joins; ++join) {
+    const int32_t term = builder.add(Opcode::SIToFP, ScalarType::F32, {pick(below(2) ? heads : values)});
+    static const Opcode kJoins[] = {Opcode::AddF, Opcode::SubF, Opcode::MulF};
+    const int32_t joined = builder.add(kJoins[below(3)], ScalarType::F32, {result, term});
+    if (below(3) == 0) {
+      const int32_t condition = builder.add(Opcode::CmpI, ScalarType::I1, {pick(values), pick(heads)}, below(10), 64);
+      result = builder.add(Opcode::Select, ScalarType::F32, {condition, joined, result});
+    } else {
+      result = joined;
+    }
+  }
+  builder.program.result = result;
+  return builder.program;
+}
+
+/// The mask the random score_mods are emitted under: q_idx >= kv_idx.
+inline expr::Program causalMask() {
+  ProgramBuilder builder;
+  builder.add(expr::Opcode::CmpI, expr::ScalarType::I1,
+              {builder.add(expr::Opcode::Argument, expr::ScalarType::Index, {}, 2),
+               builder.add(expr::Opcode::Argument, expr::ScalarType::Index, {}, 3)},
+              sem::UGE, 64);
+  return builder.program;
+}
+
+/// How many random score_mods the test checks.
+constexpr int kRandomScoreMods = 48;
+
 } // namespace dflex::test
 
 #endif // DFLEX_TEST_RANDOMMASKS_H

@@ -6,7 +6,7 @@
 // every pair of a partial tile. The same test reads `q % n == kv % n`, whose
 // remainders vary with one position each: the mask's row part computes one,
 // its column part the other, and its pair part only compares them
-// (maskVariance, the split the kernels evaluate).
+// (bodyVariance, the split the kernels evaluate).
 //
 // The code generator rewrites a comparison `(a - b) % n == 0` (or `!= 0`)
 // where a and b vary with different positions and n with neither, and where

@@ -24,12 +24,13 @@ namespace dflex::codegen {
 /// read).
 std::vector<bool> launchInvariant(const expr::Program &program);
 
-/// Where a mask value changes inside the kernels' loops. Values of b, h,
-/// captures and constants only are fixed for a thread (Fixed); the others
-/// change with the query row, the key column, or both (Pair).
+/// Where a value of a mask or score_mod changes inside the kernels' loops.
+/// Values of b, h, captures and constants only are fixed for a thread
+/// (Fixed); the others change with the query row, the key column, or both
+/// (Pair), as a score_mod's score does.
 enum class Variance : uint8_t { Fixed = 0, Row = 1, Column = 2, Pair = 3 };
 
-std::vector<Variance> maskVariance(const expr::Program &program);
+std::vector<Variance> bodyVariance(const expr::Program &program);
 
 /// A signed range [first, second] of an integer value.
 using ValueRange = std::pair<int64_t, int64_t>;

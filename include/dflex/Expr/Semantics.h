@@ -67,6 +67,12 @@ DFLEX_SEM_FN i64 minSigned(int width) { return wrap(1ull << (width - 1), width);
 DFLEX_SEM_FN i64 addi(i64 a, i64 b, int w) { return wrap((u64)a + (u64)b, w); }
 DFLEX_SEM_FN i64 subi(i64 a, i64 b, int w) { return wrap((u64)a - (u64)b, w); }
 DFLEX_SEM_FN i64 muli(i64 a, i64 b, int w) { return wrap((u64)a * (u64)b, w); }
+/// addi, subi and muli of values held in 32 bits whose result wraps at 32
+/// bits or is known to fit them (the code generator's ranges): the same
+/// value, in 32-bit instructions.
+DFLEX_SEM_FN int addi32(int a, int b) { return (int)((u32)a + (u32)b); }
+DFLEX_SEM_FN int subi32(int a, int b) { return (int)((u32)a - (u32)b); }
+DFLEX_SEM_FN int muli32(int a, int b) { return (int)((u32)a * (u32)b); }
 DFLEX_SEM_FN i64 andi(i64 a, i64 b, int w) { return wrap((u64)a & (u64)b, w); }
 DFLEX_SEM_FN i64 ori(i64 a, i64 b, int w) { return wrap((u64)a | (u64)b, w); }
 DFLEX_SEM_FN i64 xori(i64 a, i64 b, int w) { return wrap((u64)a ^ (u64)b, w); }

@@ -57,24 +57,38 @@ dflex.attention @layer mask @window score_mod @softcap heads(8, 2) head_dim(64, 
 // CHECK:         = row.[[Q]];
 // CHECK:         = column.[[KV]];
 // CHECK-NOT:     readOr
-// CHECK:         const int [[D:v[0-9]+]] = (int)(subi([[Q]], [[KV]], 64));
+// The distance fits 32 bits: computed in them.
+// CHECK:         const int [[D:v[0-9]+]] = (int)(subi32([[Q]], [[KV]]));
 // CHECK:         = (int)(fromBool(cmpi(6, [[D]], [[WINDOW]], 64)));
 // CHECK:         = (int)(andi(v{{[0-9]+}}, [[VALID]], 1));
 // CHECK:         return v{{[0-9]+}} != 0;
 // CHECK-LABEL: bool mask(long long b, long long h, long long q_idx, long long kv_idx) const {
 // CHECK-NEXT:    return mask_pair(mask_row(b, h, q_idx), mask_column(b, h, kv_idx));
 
-// CHECK-LABEL: float score_mod(float score,
-// CHECK:         = slotFloat(cap2_cap);
+// The score_mod split: what depends on b and h alone (the captured cap, the
+// derivative's constant and launch-invariant 1 / cap) in the head part,
+// worked out once per batch and head; the rest per pair.
+// CHECK:       struct ScoreHead { float [[CAP:v[0-9]+]]; float [[ONE:v[0-9]+]]; float [[INV:v[0-9]+]]; };
+// CHECK-LABEL: ScoreHead score_head(long long b, long long h) const {
+// CHECK:         const float [[CAP]] = slotFloat(cap2_cap);
+// CHECK:         const float [[ONE]] = 1.000000000e+00f;
+// CHECK:         return ScoreHead{[[CAP]], [[ONE]], [[INV]]};
+// CHECK-LABEL: float score_pair(const ScoreHead &head, float score, long long q_idx, long long kv_idx) const {
+// CHECK:         const float [[CAP]] = head.[[CAP]];
+// CHECK-NOT:     slotFloat
 // CHECK:         = tanhf_(v{{[0-9]+}}, 0);
 
 // The derivative: d(cap * tanh(s / cap)) = (1 - t^2) * (1 / cap) * cap.
-// CHECK-LABEL: float score_mod_grad(float score,
+// CHECK-LABEL: float score_grad_pair(const ScoreHead &head,
+// CHECK:         const float [[ONE]] = head.[[ONE]];
 // CHECK:         const float [[T:v[0-9]+]] = tanhf_(
-// CHECK:         const float [[ONE:v[0-9]+]] = 1.000000000e+00f;
 // CHECK:         const float [[SQ:v[0-9]+]] = mulf([[T]], [[T]], 0);
 // CHECK:         = subf([[ONE]], [[SQ]], 0);
 // CHECK:         return v{{[0-9]+}};
+// CHECK-LABEL: float score_mod(float score,
+// CHECK-NEXT:    return score_pair(score_head(b, h), score, q_idx, kv_idx);
+// CHECK-LABEL: float score_mod_grad(float score,
+// CHECK-NEXT:    return score_grad_pair(score_head(b, h), score, q_idx, kv_idx);
 
 // CHECK:       // The configs of the arch this binary is compiled for.
 // CHECK-NEXT:  using Configs = ::dflex::kernels::DefaultAttentionConfigs<__nv_bfloat16, 64, ::dflex::kernels::kCompiledComputeCapability>;

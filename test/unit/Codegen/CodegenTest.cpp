@@ -38,6 +38,12 @@ struct GeneratedRandomMask {
   bool (*mask)(const void *, long long, long long, long long, long long);
   bool (*keyIntervals)(const void *, long long, long long, long long, long long); // null: none
 };
+struct GeneratedRandomScoreMod {
+  int seed;
+  size_t size;
+  float (*scoreMod)(const void *, float, long long, long long, long long, long long);
+  float (*scoreModGrad)(const void *, float, long long, long long, long long, long long);
+};
 #include "GeneratedVariants.h"
 #include "../RandomMasks.h"
 
@@ -245,6 +251,51 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
   EXPECT_GT(splitColumns, test::kRandomMasks / 2);
   EXPECT_GE(congruences, 4);                               // split congruences (SplitCongruences.h)
   EXPECT_GE(withIntervals, test::kRandomIntervalMasks / 3); // key intervals (KeyIntervals.h)
+}
+
+TEST(Codegen, RandomScoreModsMatchTheInterpreterThroughTheirParts) {
+  // score_head sees neither the score nor q_idx nor kv_idx (its signature),
+  // so agreeing with the interpreter, score and derivative, on every pair
+  // shows each value went to a part that has what it depends on.
+  ASSERT_EQ(std::size(kRandomScoreModVariants), size_t(test::kRandomScoreMods));
+  std::mt19937_64 rng(13);
+  int withHead = 0;
+  for (const GeneratedRandomScoreMod &generated : kRandomScoreModVariants) {
+    expr::Program scoreMod = test::randomScoreMod(generated.seed);
+    SCOPED_TRACE(scoreMod.name);
+    ASSERT_TRUE(codegen::appendScoreDerivative(scoreMod).ok());
+    expr::Program derivative = scoreMod;
+    derivative.result = derivative.scoreDerivative;
+    const expr::Program causal = test::causalMask();
+    auto layout = codegen::layoutVariant(causal, &scoreMod);
+    ASSERT_TRUE(layout.ok()) << layout.error();
+    ASSERT_EQ(static_cast<size_t>(layout.value().sizeBytes), generated.size);
+    const std::string source = codegen::emitVariant("Variant", layout.value(), causal, &scoreMod);
+    withHead += source.find("kReadsMemory = true; };\n  DFLEX_FUNCTOR ScoreHead") != std::string::npos;
+    for (int round = 0; round < 4; ++round) {
+      RandomCaptures captures = randomCaptures(layout.value(), rng);
+      auto bytes = codegen::packVariant(layout.value(), captures.bound, causal, &scoreMod);
+      ASSERT_TRUE(bytes.ok()) << bytes.error();
+      std::vector<uint64_t> variant(generated.size / 8);
+      std::memcpy(variant.data(), bytes.value().data(), generated.size);
+      const std::vector<CaptureValue> values = captures.ordered(scoreMod);
+      std::vector<Value> scratch;
+      for (int n = 0; n < 2000; ++n) {
+        const int64_t b = randomIndex(rng, 4, kLargestHead), h = randomIndex(rng, 8, kLargestHead),
+                      q = randomIndex(rng, 700, kLargestPosition), kv = randomIndex(rng, 900, kLargestPosition);
+        const float s = std::uniform_real_distribution<float>(-80, 80)(rng);
+        ASSERT_TRUE(sameFloat(generated.scoreMod(variant.data(), s, b, h, q, kv),
+                              expr::evaluateScoreMod(scoreMod, s, b, h, q, kv, values, scratch)))
+            << "b " << b << " h " << h << " q " << q << " kv " << kv << " score " << s << "\n" << source;
+        ASSERT_TRUE(sameFloat(generated.scoreModGrad(variant.data(), s, b, h, q, kv),
+                              expr::evaluateScoreMod(derivative, s, b, h, q, kv, values, scratch)))
+            << "derivative: b " << b << " h " << h << " q " << q << " kv " << kv << " score " << s << "\n"
+            << source;
+      }
+    }
+  }
+  // Most bodies read `t` at a value of b and h alone: their head part reads memory.
+  EXPECT_GT(withHead, test::kRandomScoreMods / 3);
 }
 
 TEST(Codegen, KeyIntervalsKeepTheMask) {

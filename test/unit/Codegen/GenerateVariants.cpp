@@ -130,6 +130,31 @@ int main(int argc, char **argv) {
       !addRandom("kRandomIntervalVariants", "random_interval_", ::dflex::test::kRandomIntervalMasks,
                  ::dflex::test::randomIntervalMask))
     return 1;
+  // Random score_mods (RandomMasks.h) under the causal mask, entered through
+  // their parts as LogitMap calls them.
+  const ::dflex::expr::Program causal = ::dflex::test::causalMask();
+  table << "static const GeneratedRandomScoreMod kRandomScoreModVariants[] = {\n";
+  for (int seed = 0; seed < ::dflex::test::kRandomScoreMods; ++seed) {
+    ::dflex::expr::Program scoreMod = ::dflex::test::randomScoreMod(seed);
+    if (!::dflex::codegen::appendScoreDerivative(scoreMod).ok())
+      return 1;
+    auto layout = ::dflex::codegen::layoutVariant(causal, &scoreMod);
+    if (!layout.ok())
+      return 1;
+    const std::string ns = "random_score_mod_" + std::to_string(seed);
+    out << "namespace " << ns << " {\n"
+        << ::dflex::codegen::emitVariant("Variant", layout.value(), causal, &scoreMod)
+        << "inline float scoreMod(const void *v, float s, long long b, long long h, long long q, long long kv) {\n"
+           "  const Variant &variant = *static_cast<const Variant *>(v);\n"
+           "  return variant.score_pair(variant.score_head(b, h), s, q, kv);\n}\n"
+           "inline float scoreModGrad(const void *v, float s, long long b, long long h, long long q, long long kv) {\n"
+           "  const Variant &variant = *static_cast<const Variant *>(v);\n"
+           "  return variant.score_grad_pair(variant.score_head(b, h), s, q, kv);\n}\n"
+        << "} // namespace " << ns << "\n\n";
+    table << "    {" << seed << ", sizeof(" << ns << "::Variant), " << ns << "::scoreMod, " << ns
+          << "::scoreModGrad},\n";
+  }
+  table << "};\n";
   std::ofstream file(argv[1]);
   file << out.str() << table.str();
   return file ? 0 : 1;
