@@ -153,6 +153,10 @@ dev, dt = "cuda", torch.bfloat16
 BLOCK = 16
 rows = []
 flex_failures = []  # cases compiled flex could not run
+# Tiles for a case whose default flex configs do not fit (FlexKernelOptions:
+# forward BLOCK_M x BLOCK_N, backward BLOCK_M1/N1 for dK and dV, M2/N2 for dQ).
+FLEX_FALLBACK_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "num_warps": 4,
+                         "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
 
 
 def measure(name, forward, make_inputs):
@@ -222,14 +226,25 @@ def random_anchors(count, context):
 def compare(case, batch, hq, hkv, tq, tkv, d, dflex_fwd, mask_mod, extra=None, score_mod=None):
     make = inputs(batch, hq, hkv, tq, tkv, d)
     block_mask = create_block_mask(mask_mod, batch, None, tq, tkv, device=dev)
-    compiled = torch.compile(flex_attention, dynamic=False, **COMPILE_OPTIONS)
-    try:
-        flex = measure("flex_compiled", lambda q, k, v: compiled(q, k, v, block_mask=block_mask,
-                                                                 score_mod=score_mod, enable_gqa=True), make)
-    except Exception as error:  # e.g. Inductor finds no config within the GPU's shared memory
-        flex_failures.append(dict(case=case, flex_failed=f"{type(error).__name__}: {str(error)[:300]}"))
+    # Flex's own configs first; where none fits the GPU's shared memory (its
+    # default for a score_mod reading a tensor at head_dim 64 on the Hopper
+    # asks for 240 KB), the smaller tiles a user would pass instead.
+    flex = None
+    for options in (None, FLEX_FALLBACK_OPTIONS):
+        compiled = torch.compile(flex_attention, dynamic=False, **COMPILE_OPTIONS)
+        try:
+            flex = measure("flex_compiled", lambda q, k, v: compiled(q, k, v, block_mask=block_mask,
+                                                                     score_mod=score_mod, enable_gqa=True,
+                                                                     kernel_options=options), make)
+            if options:
+                flex["kernel_options"] = options
+            break
+        except Exception as error:  # e.g. Inductor finds no config within the GPU's shared memory
+            failure = f"{type(error).__name__}: {str(error)[:300]}"
+            torch._dynamo.reset()
+    if flex is None:
+        flex_failures.append(dict(case=case, flex_failed=failure))
         print(json.dumps(flex_failures[-1]), flush=True)
-        torch._dynamo.reset()
         return
     for folder, choice in ((folder, choice) for folder in BUNDLE_DIRS for choice in KERNELS):
         ours_fwd = dflex_fwd.in_folder(folder)

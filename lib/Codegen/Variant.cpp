@@ -16,7 +16,9 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 namespace dflex::codegen {
 
@@ -250,8 +252,39 @@ std::string intLiteral(int64_t value) {
   return std::to_string(value) + "LL";
 }
 
-/// Emits a program's bodies: a score_mod as statements ending in its return,
-/// a mask as its row, column and pair parts.
+/// A read's bounds check and offset term of index `dim`, worked out by the
+/// part that has the index (a row's, a head's) when the read itself is per
+/// pair: table[h, bucket(q - kv)] checks h and multiplies it by its stride
+/// once per head, not per pair.
+struct ReadTerm {
+  int32_t read;
+  int dim;
+  bool operator<(const ReadTerm &other) const { return std::tie(read, dim) < std::tie(other.read, other.dim); }
+};
+
+/// What a part (a mask's row or column, a score_mod's head) hands to the
+/// per-pair code: values, and read terms.
+struct PartOutputs {
+  std::vector<bool> values;
+  std::set<ReadTerm> terms;
+  explicit PartOutputs(size_t count) : values(count, false) {}
+  /// Operand k (the value `operand`) of per-pair instruction n: a read's
+  /// index as its term, any other operand as its value.
+  void take(const Program &program, int32_t n, int k, int32_t operand) {
+    if (program.instructions[n].op == Opcode::Read)
+      terms.insert({n, k});
+    else
+      values[operand] = true;
+  }
+  void add(const PartOutputs &other) {
+    for (size_t n = 0; n < values.size(); ++n)
+      values[n] = values[n] || other.values[n];
+    terms.insert(other.terms.begin(), other.terms.end());
+  }
+};
+
+/// Emits a program's bodies: a score_mod as its head and pair parts, a mask
+/// as its row, column and pair parts.
 class BodyEmitter {
 public:
   BodyEmitter(std::ostringstream &out, const CongruenceSplit &form, const VariantLayout &layout,
@@ -282,44 +315,43 @@ public:
   void emitSplitScoreMod(int32_t result, int32_t derivative) {
     const std::vector<Variance> variance = bodyVariance(program);
     const size_t count = program.instructions.size();
-    auto isPair = [&](size_t n) { return variance[n] != Variance::Fixed; };
-    // Each function's per-pair instructions, and the fixed values they (or
-    // the function, as its result) read.
-    std::vector<std::vector<bool>> inPair, fromHead;
-    std::vector<bool> headOut(count, false);
-    for (int32_t returned : {result, derivative}) {
+    auto isPair = [&](int32_t n) { return variance[n] != Variance::Fixed; };
+    // Each function's per-pair instructions, and what they (or the function,
+    // as its result) take from the head part.
+    std::vector<std::vector<bool>> inPair;
+    std::vector<PartOutputs> fromHead(2, PartOutputs(count));
+    PartOutputs head(count);
+    const int32_t returned[] = {result, derivative};
+    for (int f = 0; f < 2; ++f) {
       std::vector<bool> wanted(count, false);
-      wanted[returned] = true;
+      wanted[returned[f]] = true;
       const std::vector<bool> live = computing(wanted);
-      std::vector<bool> pair(count, false), fixed(count, false);
-      fixed[returned] = !isPair(returned);
+      std::vector<bool> pair(count, false);
+      fromHead[f].values[returned[f]] = !isPair(returned[f]);
       for (size_t n = 0; n < count; ++n)
-        if (live[n] && isPair(n)) {
+        if (live[n] && isPair(int32_t(n))) {
           pair[n] = true;
-          for (int32_t operand : operandsRead(int32_t(n)))
-            fixed[operand] = fixed[operand] || !isPair(operand);
+          const std::vector<int32_t> read = operandsRead(int32_t(n));
+          for (size_t k = 0; k < read.size(); ++k)
+            if (!isPair(read[k]))
+              fromHead[f].take(program, int32_t(n), int(k), read[k]);
         }
-      for (size_t n = 0; n < count; ++n)
-        headOut[n] = headOut[n] || fixed[n];
+      head.add(fromHead[f]);
       inPair.push_back(std::move(pair));
-      fromHead.push_back(std::move(fixed));
     }
     out << "\n  // The score_mod by what its values change with: score_head once per batch\n"
            "  // and head, score_pair (score_grad_pair: its derivative) per pair from it.\n";
-    emitPart("ScoreHead", "score_head(long long b, long long h)", headOut);
+    emitPart("ScoreHead", "score_head(long long b, long long h)", head);
     const char *pairSignature = "(const ScoreHead &head, float score, long long q_idx, long long kv_idx) const {\n"
                                 "    using namespace ::dflex::sem;\n";
-    const int32_t returned[] = {result, derivative};
     const char *names[] = {"score_pair", "score_grad_pair"};
     for (int f = 0; f < 2; ++f) {
       out << "\n  DFLEX_FUNCTOR float " << names[f] << pairSignature;
-      for (size_t n = 0; n < count; ++n)
-        if (fromHead[f][n])
-          out << "    const " << typeOf(int32_t(n)) << " " << value(int32_t(n)) << " = head." << value(int32_t(n))
-              << ";\n";
+      declareFromPart("head", fromHead[f]);
       for (size_t n = 0; n < count; ++n)
         if (inPair[f][n])
           emitInstruction(static_cast<int32_t>(n));
+      termsInScope.clear();
       out << "    return " << value(returned[f]) << ";\n  }\n";
     }
     const char *scoreSignature =
@@ -337,33 +369,35 @@ public:
     const size_t count = program.instructions.size();
     // The pair part's instructions, and the row and column values it reads
     // (fixed values travel with the row).
-    std::vector<bool> inPair(count, false), rowOut(count, false), columnOut(count, false);
-    auto handOver = [&](int32_t n) { (variance[n] == Variance::Column ? columnOut : rowOut)[n] = true; };
+    std::vector<bool> inPair(count, false);
+    PartOutputs row(count), column(count);
+    auto partOf = [&](int32_t n) -> PartOutputs & { return variance[n] == Variance::Column ? column : row; };
     if (variance[result] == Variance::Pair)
       inPair[result] = true;
     else
-      handOver(result);
+      partOf(result).values[result] = true;
     for (size_t n = count; n-- > 0;)
-      if (inPair[n])
-        for (int32_t operand : program.instructions[n].operands) {
-          if (variance[operand] == Variance::Pair)
-            inPair[operand] = true;
+      if (inPair[n]) {
+        const std::vector<int32_t> &operands = program.instructions[n].operands;
+        for (size_t k = 0; k < operands.size(); ++k) {
+          if (variance[operands[k]] == Variance::Pair)
+            inPair[operands[k]] = true;
           else
-            handOver(operand);
+            partOf(operands[k]).take(program, int32_t(n), int(k), operands[k]);
         }
+      }
     out << "\n  // The mask by what its values change with: mask_row once per query row,\n"
            "  // mask_column once per key column, mask_pair per pair from their values.\n";
-    emitPart("MaskRow", "mask_row(long long b, long long h, long long q_idx)", rowOut);
-    emitPart("MaskColumn", "mask_column(long long b, long long h, long long kv_idx)", columnOut);
+    emitPart("MaskRow", "mask_row(long long b, long long h, long long q_idx)", row);
+    emitPart("MaskColumn", "mask_column(long long b, long long h, long long kv_idx)", column);
     out << "\n  DFLEX_FUNCTOR bool mask_pair(const MaskRow &row, const MaskColumn &column) const {\n"
            "    using namespace ::dflex::sem;\n";
-    for (size_t n = 0; n < count; ++n)
-      if (rowOut[n] || columnOut[n])
-        out << "    const " << typeOf(int32_t(n)) << " " << value(int32_t(n)) << " = "
-            << (rowOut[n] ? "row." : "column.") << value(int32_t(n)) << ";\n";
+    declareFromPart("row", row);
+    declareFromPart("column", column);
     for (size_t n = 0; n < count; ++n)
       if (inPair[n])
         emitInstruction(static_cast<int32_t>(n));
+    termsInScope.clear();
     out << "    return " << value(result) << " != 0;\n  }\n"
         << "\n  DFLEX_FUNCTOR bool mask(long long b, long long h, long long q_idx, long long kv_idx) const {\n"
            "    return mask_pair(mask_row(b, h, q_idx), mask_column(b, h, kv_idx));\n  }\n";
@@ -428,18 +462,26 @@ private:
         emitInstruction(static_cast<int32_t>(n));
   }
 
-  /// A struct of the `outputs` values and the function `signature` that
-  /// computes them; the struct says when computing them reads a capture
-  /// (kReadsMemory, which the kernels' staging reads: variant.cuh).
-  void emitPart(const char *structName, const char *signature, const std::vector<bool> &outputs) {
+  /// A struct of the `part`'s values and read terms and the function
+  /// `signature` that computes them; the struct says when computing them
+  /// reads a capture (kReadsMemory, which the kernels' staging reads:
+  /// variant.cuh).
+  void emitPart(const char *structName, const char *signature, const PartOutputs &part) {
+    std::vector<bool> wanted = part.values;
+    for (const ReadTerm &term : part.terms)
+      wanted[program.instructions[term.read].operands[term.dim]] = true;
     std::string members;
     out << "  struct " << structName << " {";
-    for (size_t n = 0; n < outputs.size(); ++n)
-      if (outputs[n]) {
+    for (size_t n = 0; n < part.values.size(); ++n)
+      if (part.values[n]) {
         out << " " << typeOf(int32_t(n)) << " " << value(int32_t(n)) << ";";
         members += (members.empty() ? "" : ", ") + value(int32_t(n));
       }
-    const std::vector<bool> live = computing(outputs);
+    for (const ReadTerm &term : part.terms) {
+      out << " bool " << termInRange(term) << "; ::dflex::sem::i64 " << termOffset(term) << ";";
+      members += (members.empty() ? "" : ", ") + termInRange(term) + ", " + termOffset(term);
+    }
+    const std::vector<bool> live = computing(wanted);
     for (size_t n = 0; n < live.size(); ++n)
       if (live[n] && program.instructions[n].op == Opcode::Read) {
         out << " static constexpr bool kReadsMemory = true;";
@@ -447,8 +489,38 @@ private:
       }
     out << " };\n  DFLEX_FUNCTOR " << structName << " " << signature << " const {\n"
         << "    using namespace ::dflex::sem;\n";
-    emitComputing(outputs);
+    emitComputing(wanted);
+    for (const ReadTerm &term : part.terms) {
+      const Instruction &read = program.instructions[term.read];
+      const std::string field = capture(read).field, index = operand(read, term.dim), dim = std::to_string(term.dim);
+      out << "    const bool " << termInRange(term) << " = inRange(" << index << ", " << field << ".sizes[" << dim
+          << "]);\n    const ::dflex::sem::i64 " << termOffset(term) << " = " << index << " * " << field
+          << ".strides[" << dim << "];\n";
+    }
     out << "    return " << structName << "{" << members << "};\n  }\n";
+  }
+
+  /// Declarations, in a per-pair function, of what it takes from the part
+  /// `from` (its struct argument's name); the read terms among them are then
+  /// in scope for emitInstruction.
+  void declareFromPart(const char *from, const PartOutputs &part) {
+    for (size_t n = 0; n < part.values.size(); ++n)
+      if (part.values[n])
+        out << "    const " << typeOf(int32_t(n)) << " " << value(int32_t(n)) << " = " << from << "."
+            << value(int32_t(n)) << ";\n";
+    for (const ReadTerm &term : part.terms) {
+      out << "    const bool " << termInRange(term) << " = " << from << "." << termInRange(term)
+          << ";\n    const ::dflex::sem::i64 " << termOffset(term) << " = " << from << "." << termOffset(term)
+          << ";\n";
+      termsInScope.insert(term);
+    }
+  }
+
+  std::string termInRange(const ReadTerm &term) const {
+    return value(term.read) + "_in" + std::to_string(term.dim);
+  }
+  std::string termOffset(const ReadTerm &term) const {
+    return value(term.read) + "_at" + std::to_string(term.dim);
   }
 
   /// Whether integer instruction n (add, sub or mul) can run in 32 bits:
@@ -525,9 +597,13 @@ private:
       std::string inRange, offset;
       for (size_t d = 0; d < inst.operands.size(); ++d) {
         std::string dim = std::to_string(d);
-        inRange += (d ? " && " : "") + std::string("inRange(") + operand(inst, d) + ", " +
-                   slot.field + ".sizes[" + dim + "])";
-        offset += (d ? " + " : "") + operand(inst, d) + " * " + slot.field + ".strides[" + dim + "]";
+        const ReadTerm term{n, int(d)};
+        const bool worked = termsInScope.count(term) > 0; // by the part that has the index
+        inRange += (d ? " && " : "") + (worked ? termInRange(term)
+                                               : "inRange(" + operand(inst, d) + ", " + slot.field + ".sizes[" +
+                                                     dim + "])");
+        offset += (d ? " + " : "") +
+                  (worked ? termOffset(term) : operand(inst, d) + " * " + slot.field + ".strides[" + dim + "]");
       }
       expression = "readOr(" + slot.field + ".data, " + inRange + ", " + offset + ", " +
                    (isFloat ? "(float)" : "(i64)") + padding + ")";
@@ -620,6 +696,8 @@ private:
   /// The divisions by a launch-invariant divisor: their divisor's member,
   /// and whether it is a wide one.
   std::map<int32_t, std::pair<std::string, bool>> divisorField;
+  /// The read terms the function being emitted has from its parts.
+  std::set<ReadTerm> termsInScope;
   /// The hoisted launch-invariant values: their member.
   std::map<int32_t, std::string> invariantField;
   /// The integer values integerRanges proves within 32 bits.

@@ -30,10 +30,24 @@ struct RandomBody {
   ProgramBuilder builder;
   RandomBody(const std::string &name, uint64_t seed) : rng(seed) {
     builder.program.name = name + std::to_string(seed);
-    builder.program.captures = {{"n", false, expr::ScalarType::Index, 0}, {"t", true, expr::ScalarType::I32, 1}};
+    builder.program.captures = {{"n", false, expr::ScalarType::Index, 0},
+                                {"t", true, expr::ScalarType::I32, 1},
+                                {"u", true, expr::ScalarType::I32, 2}};
   }
   /// A draw in [0, n).
   int64_t below(uint64_t n) { return static_cast<int64_t>(rng() % n); }
+  /// t[x] or, one time in three, u[x, y] (x and y from `first` and `second`),
+  /// padded or not, widened back to an index.
+  template <class First, class Second>
+  int32_t read(First first, Second second) {
+    const bool wide = below(3) == 0;
+    const int32_t x = first();
+    const int32_t read = wide ? builder.add(expr::Opcode::Read, expr::ScalarType::I32, {x, second()}, 2)
+                              : builder.add(expr::Opcode::Read, expr::ScalarType::I32, {x}, 1);
+    builder.program.instructions[read].hasPadding = below(2) == 0;
+    builder.program.instructions[read].paddingInt = -1;
+    return builder.add(expr::Opcode::ExtSI, expr::ScalarType::Index, {read}, 0, 32);
+  }
 };
 
 inline expr::Program randomMask(uint64_t seed) {
@@ -63,14 +77,9 @@ inline expr::Program randomMask(uint64_t seed) {
       values.push_back(builder.add(op, ScalarType::Index, {anyValue(), byCapture ? n : anyValue()}));
       break;
     }
-    case 2: { // t[x], padded or not, widened back to an index
-      const int32_t read = builder.add(Opcode::Read, ScalarType::I32, {anyValue()}, 1);
-      expr::Instruction &inst = program.instructions[read];
-      inst.hasPadding = below(2) == 0;
-      inst.paddingInt = -1;
-      values.push_back(builder.add(Opcode::ExtSI, ScalarType::Index, {read}, 0, 32));
+    case 2: // t[x] or u[x, y]: a pair's read may have a row's or a column's index
+      values.push_back(body.read(anyValue, anyValue));
       break;
-    }
     case 3:
       conditions.push_back(builder.add(Opcode::CmpI, ScalarType::I1, {anyValue(), anyValue()}, below(10), 64));
       break;
@@ -254,11 +263,8 @@ inline expr::Program randomScoreMod(uint64_t seed) {
     const bool ofHead = below(2) == 0;
     const std::vector<int32_t> &from = ofHead ? heads : values;
     int32_t made;
-    if (below(3) == 0) { // t[x], padded or not, widened back to an index
-      const int32_t read = builder.add(Opcode::Read, ScalarType::I32, {pick(from)}, 1);
-      builder.program.instructions[read].hasPadding = below(2) == 0;
-      builder.program.instructions[read].paddingInt = -1;
-      made = builder.add(Opcode::ExtSI, ScalarType::Index, {read}, 0, 32);
+    if (below(3) == 0) { // t[x] or u[x, y]: u[head value, pair value] reads per pair with a head's index
+      made = body.read([&] { return pick(from); }, [&] { return pick(values); });
     } else {
       made = builder.add(kArithmetic[below(std::size(kArithmetic))], ScalarType::Index, {pick(from), pick(from)});
     }

@@ -442,12 +442,15 @@ TEST(IntervalEvaluator, RandomMasksAreClassifiedSoundly) {
     SCOPED_TRACE("random mask " + std::to_string(seed));
     const expr::Program mask = test::randomMask(seed);
     for (int round = 0; round < 3; ++round) {
-      std::vector<int32_t> t(uniform(1, 40));
-      for (int32_t &value : t)
-        value = static_cast<int32_t>(uniform(-3, 300));
+      const int64_t rows = uniform(1, 12), columns = uniform(1, 12);
+      std::vector<int32_t> t(uniform(1, 40)), u(rows * columns);
+      for (std::vector<int32_t> *tensor : {&t, &u})
+        for (int32_t &value : *tensor)
+          value = static_cast<int32_t>(uniform(-3, 300));
       const std::vector<CaptureValue> captures = {
           CaptureValue::ofScalar(expr::Value::ofInt(uniform(0, 50))),
-          CaptureValue::ofTensor(t.data(), ScalarType::I32, {int64_t(t.size())})};
+          CaptureValue::ofTensor(t.data(), ScalarType::I32, {int64_t(t.size())}),
+          CaptureValue::ofTensor(u.data(), ScalarType::I32, {rows, columns})};
       auto evaluator = make(mask, captures);
       std::vector<expr::Value> scratch;
       for (int trial = 0; trial < 40; ++trial) {

@@ -209,7 +209,7 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
   ASSERT_EQ(std::size(kRandomVariants), size_t(test::kRandomMasks));
   ASSERT_EQ(std::size(kRandomIntervalVariants), size_t(test::kRandomIntervalMasks));
   std::mt19937_64 rng(7);
-  int splitRows = 0, splitColumns = 0, congruences = 0, withIntervals = 0;
+  int splitRows = 0, splitColumns = 0, congruences = 0, withIntervals = 0, readTerms = 0;
   std::vector<std::pair<const GeneratedRandomMask *, expr::Program>> masks;
   for (const GeneratedRandomMask &generated : kRandomVariants)
     masks.push_back({&generated, test::randomMask(generated.seed)});
@@ -224,6 +224,8 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
     const std::string source = codegen::emitVariant("Variant", layout.value(), mask, nullptr);
     splitRows += source.find("struct MaskRow { };") == std::string::npos;
     splitColumns += source.find("struct MaskColumn { };") == std::string::npos;
+    readTerms += source.find("_at0 = row.") != std::string::npos || source.find("_at0 = column.") != std::string::npos ||
+                 source.find("_at1 = row.") != std::string::npos || source.find("_at1 = column.") != std::string::npos;
     congruences += codegen::splitCongruences(mask).rewritten > 0;
     withIntervals += generated.keyIntervals != nullptr;
     for (int round = 0; round < 4; ++round) {
@@ -250,6 +252,7 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
   EXPECT_GT(splitRows, test::kRandomMasks / 2);
   EXPECT_GT(splitColumns, test::kRandomMasks / 2);
   EXPECT_GE(congruences, 4);                               // split congruences (SplitCongruences.h)
+  EXPECT_GE(readTerms, 1);                                 // a per-pair read of u with a row's or column's index
   EXPECT_GE(withIntervals, test::kRandomIntervalMasks / 3); // key intervals (KeyIntervals.h)
 }
 
@@ -259,7 +262,7 @@ TEST(Codegen, RandomScoreModsMatchTheInterpreterThroughTheirParts) {
   // shows each value went to a part that has what it depends on.
   ASSERT_EQ(std::size(kRandomScoreModVariants), size_t(test::kRandomScoreMods));
   std::mt19937_64 rng(13);
-  int withHead = 0;
+  int withHead = 0, withReadTerms = 0;
   for (const GeneratedRandomScoreMod &generated : kRandomScoreModVariants) {
     expr::Program scoreMod = test::randomScoreMod(generated.seed);
     SCOPED_TRACE(scoreMod.name);
@@ -272,6 +275,7 @@ TEST(Codegen, RandomScoreModsMatchTheInterpreterThroughTheirParts) {
     ASSERT_EQ(static_cast<size_t>(layout.value().sizeBytes), generated.size);
     const std::string source = codegen::emitVariant("Variant", layout.value(), causal, &scoreMod);
     withHead += source.find("kReadsMemory = true; };\n  DFLEX_FUNCTOR ScoreHead") != std::string::npos;
+    withReadTerms += source.find("_at0 = head.") != std::string::npos; // u[head value, pair value]
     for (int round = 0; round < 4; ++round) {
       RandomCaptures captures = randomCaptures(layout.value(), rng);
       auto bytes = codegen::packVariant(layout.value(), captures.bound, causal, &scoreMod);
@@ -294,8 +298,11 @@ TEST(Codegen, RandomScoreModsMatchTheInterpreterThroughTheirParts) {
       }
     }
   }
-  // Most bodies read `t` at a value of b and h alone: their head part reads memory.
+  // Most bodies read `t` at a value of b and h alone: their head part reads
+  // memory; some read u per pair at a head's index, whose term the head
+  // part works out.
   EXPECT_GT(withHead, test::kRandomScoreMods / 3);
+  EXPECT_GE(withReadTerms, 3) << withReadTerms;
 }
 
 TEST(Codegen, KeyIntervalsKeepTheMask) {
