@@ -153,10 +153,16 @@ dev, dt = "cuda", torch.bfloat16
 BLOCK = 16
 rows = []
 flex_failures = []  # cases compiled flex could not run
-# Tiles for a case whose default flex configs do not fit (FlexKernelOptions:
-# forward BLOCK_M x BLOCK_N, backward BLOCK_M1/N1 for dK and dV, M2/N2 for dQ).
-FLEX_FALLBACK_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "num_warps": 4,
-                         "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
+# Tiles for a case whose default flex configs do not fit, tried in turn
+# (FlexKernelOptions: forward BLOCK_M x BLOCK_N, backward BLOCK_M1/N1 for dK
+# and dV, M2/N2 for dQ); the smaller ones for head_dim 256 within sm_120's
+# 101,376 B.
+FLEX_FALLBACK_OPTIONS = [
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "num_warps": 4,
+     "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32},
+    {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1, "num_warps": 4,
+     "BLOCK_M1": 16, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 16},
+]
 
 
 def measure(name, forward, make_inputs):
@@ -230,14 +236,15 @@ def compare(case, batch, hq, hkv, tq, tkv, d, dflex_fwd, mask_mod, extra=None, s
     # default for a score_mod reading a tensor at head_dim 64 on the Hopper
     # asks for 240 KB), the smaller tiles a user would pass instead.
     flex = None
-    for options in (None, FLEX_FALLBACK_OPTIONS):
+    for options in [None] + FLEX_FALLBACK_OPTIONS:
         compiled = torch.compile(flex_attention, dynamic=False, **COMPILE_OPTIONS)
         try:
             flex = measure("flex_compiled", lambda q, k, v: compiled(q, k, v, block_mask=block_mask,
                                                                      score_mod=score_mod, enable_gqa=True,
                                                                      kernel_options=options), make)
-            if options:
+            if options:  # the tables say which tiles flex ran with
                 flex["kernel_options"] = options
+                case = f"{case} (flex {options['BLOCK_M']}x{options['BLOCK_N']} tiles)"
             break
         except Exception as error:  # e.g. Inductor finds no config within the GPU's shared memory
             failure = f"{type(error).__name__}: {str(error)[:300]}"
