@@ -315,7 +315,9 @@ public:
   void emitSplitScoreMod(int32_t result, int32_t derivative) {
     const std::vector<Variance> variance = bodyVariance(program);
     const size_t count = program.instructions.size();
-    auto isPair = [&](int32_t n) { return variance[n] != Variance::Fixed; };
+    // Everything but the head's values is computed per pair (rows and
+    // columns included).
+    auto perPair = [&](int32_t n) { return variance[n] != Variance::Fixed; };
     // Each function's per-pair instructions, and what they (or the function,
     // as its result) take from the head part.
     std::vector<std::vector<bool>> inPair;
@@ -327,13 +329,13 @@ public:
       wanted[returned[f]] = true;
       const std::vector<bool> live = computing(wanted);
       std::vector<bool> pair(count, false);
-      fromHead[f].values[returned[f]] = !isPair(returned[f]);
+      fromHead[f].values[returned[f]] = !perPair(returned[f]);
       for (size_t n = 0; n < count; ++n)
-        if (live[n] && isPair(int32_t(n))) {
+        if (live[n] && perPair(int32_t(n))) {
           pair[n] = true;
           const std::vector<int32_t> read = operandsRead(int32_t(n));
           for (size_t k = 0; k < read.size(); ++k)
-            if (!isPair(read[k]))
+            if (!perPair(read[k]))
               fromHead[f].take(program, int32_t(n), int(k), read[k]);
         }
       head.add(fromHead[f]);

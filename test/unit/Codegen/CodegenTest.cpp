@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <tuple>
 
@@ -124,6 +125,22 @@ RandomCaptures randomCaptures(const codegen::VariantLayout &layout, std::mt19937
   return captures;
 }
 
+/// packVariant's bytes of `captures` in storage aligned like a generated
+/// struct of at least `size` bytes (zero past them); none, with the packing
+/// error reported, where packing fails.
+std::optional<std::vector<uint64_t>> packedVariant(const codegen::VariantLayout &layout,
+                                                   const RandomCaptures &captures, const expr::Program &mask,
+                                                   const expr::Program *scoreMod, size_t size) {
+  auto bytes = codegen::packVariant(layout, captures.bound, mask, scoreMod);
+  if (!bytes.ok()) {
+    ADD_FAILURE() << bytes.error();
+    return std::nullopt;
+  }
+  std::vector<uint64_t> variant((std::max(size, bytes.value().size()) + 7) / 8, 0);
+  std::memcpy(variant.data(), bytes.value().data(), bytes.value().size());
+  return variant;
+}
+
 bool sameFloat(float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
 /// An index below `small`, or, one time in four, one of the largest the
@@ -159,12 +176,9 @@ TEST(Codegen, EmittedVariantsMatchTheInterpreter) {
 
     for (int round = 0; round < 4; ++round) {
       RandomCaptures captures = randomCaptures(layout.value(), rng);
-      auto bytes = codegen::packVariant(layout.value(), captures.bound, mask,
-                                        scoreMod ? &*scoreMod : nullptr);
-      ASSERT_TRUE(bytes.ok()) << bytes.error();
-      // Copy into storage aligned like the struct.
-      std::vector<uint64_t> variant(generated.size / 8);
-      std::memcpy(variant.data(), bytes.value().data(), generated.size);
+      const auto variant =
+          packedVariant(layout.value(), captures, mask, scoreMod ? &*scoreMod : nullptr, generated.size);
+      ASSERT_TRUE(variant);
 
       std::vector<CaptureValue> maskCaptures = captures.ordered(mask);
       std::vector<Value> scratch;
@@ -172,20 +186,20 @@ TEST(Codegen, EmittedVariantsMatchTheInterpreter) {
         int64_t b = randomIndex(rng, 4, kLargestHead), h = randomIndex(rng, spec.getNumQHeads(), kLargestHead),
                 q = randomIndex(rng, 700, kLargestPosition), kv = randomIndex(rng, 900, kLargestPosition);
         const bool visible = expr::evaluateMask(mask, b, h, q, kv, maskCaptures, scratch);
-        ASSERT_EQ(generated.mask(variant.data(), b, h, q, kv), visible)
+        ASSERT_EQ(generated.mask(variant->data(), b, h, q, kv), visible)
             << "b " << b << " h " << h << " q " << q << " kv " << kv;
         if (generated.keyIntervals)
-          ASSERT_EQ(generated.keyIntervals(variant.data(), b, h, q, kv), visible)
+          ASSERT_EQ(generated.keyIntervals(variant->data(), b, h, q, kv), visible)
               << "key intervals: b " << b << " h " << h << " q " << q << " kv " << kv;
         if (!scoreMod)
           continue;
         std::vector<CaptureValue> modCaptures = captures.ordered(*scoreMod);
         float s = std::uniform_real_distribution<float>(-80, 80)(rng);
         float expected = expr::evaluateScoreMod(*scoreMod, s, b, h, q, kv, modCaptures, scratch);
-        ASSERT_TRUE(sameFloat(generated.scoreMod(variant.data(), s, b, h, q, kv), expected));
+        ASSERT_TRUE(sameFloat(generated.scoreMod(variant->data(), s, b, h, q, kv), expected));
         expr::Program derivative = *scoreMod;
         derivative.result = derivative.scoreDerivative;
-        float grad = generated.scoreModGrad(variant.data(), s, b, h, q, kv);
+        float grad = generated.scoreModGrad(variant->data(), s, b, h, q, kv);
         ASSERT_TRUE(sameFloat(grad, expr::evaluateScoreMod(derivative, s, b, h, q, kv,
                                                            modCaptures, scratch)));
         // Finite differences in double around s, where the logit is of the
@@ -230,20 +244,18 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
     withIntervals += generated.keyIntervals != nullptr;
     for (int round = 0; round < 4; ++round) {
       RandomCaptures captures = randomCaptures(layout.value(), rng);
-      auto bytes = codegen::packVariant(layout.value(), captures.bound, mask, nullptr);
-      ASSERT_TRUE(bytes.ok()) << bytes.error();
-      std::vector<uint64_t> variant(generated.size / 8);
-      std::memcpy(variant.data(), bytes.value().data(), generated.size);
+      const auto variant = packedVariant(layout.value(), captures, mask, nullptr, generated.size);
+      ASSERT_TRUE(variant);
       const std::vector<CaptureValue> values = captures.ordered(mask);
       std::vector<Value> scratch;
       for (int n = 0; n < 2000; ++n) {
         const int64_t b = randomIndex(rng, 4, kLargestHead), h = randomIndex(rng, 8, kLargestHead),
                       q = randomIndex(rng, 700, kLargestPosition), kv = randomIndex(rng, 900, kLargestPosition);
         const bool expected = expr::evaluateMask(mask, b, h, q, kv, values, scratch);
-        ASSERT_EQ(generated.mask(variant.data(), b, h, q, kv), expected)
+        ASSERT_EQ(generated.mask(variant->data(), b, h, q, kv), expected)
             << "b " << b << " h " << h << " q " << q << " kv " << kv << "\n" << source;
         if (generated.keyIntervals)
-          ASSERT_EQ(generated.keyIntervals(variant.data(), b, h, q, kv), expected)
+          ASSERT_EQ(generated.keyIntervals(variant->data(), b, h, q, kv), expected)
               << "key intervals: b " << b << " h " << h << " q " << q << " kv " << kv << "\n" << source;
       }
     }
@@ -278,20 +290,18 @@ TEST(Codegen, RandomScoreModsMatchTheInterpreterThroughTheirParts) {
     withReadTerms += source.find("_at0 = head.") != std::string::npos; // u[head value, pair value]
     for (int round = 0; round < 4; ++round) {
       RandomCaptures captures = randomCaptures(layout.value(), rng);
-      auto bytes = codegen::packVariant(layout.value(), captures.bound, causal, &scoreMod);
-      ASSERT_TRUE(bytes.ok()) << bytes.error();
-      std::vector<uint64_t> variant(generated.size / 8);
-      std::memcpy(variant.data(), bytes.value().data(), generated.size);
+      const auto variant = packedVariant(layout.value(), captures, causal, &scoreMod, generated.size);
+      ASSERT_TRUE(variant);
       const std::vector<CaptureValue> values = captures.ordered(scoreMod);
       std::vector<Value> scratch;
       for (int n = 0; n < 2000; ++n) {
         const int64_t b = randomIndex(rng, 4, kLargestHead), h = randomIndex(rng, 8, kLargestHead),
                       q = randomIndex(rng, 700, kLargestPosition), kv = randomIndex(rng, 900, kLargestPosition);
         const float s = std::uniform_real_distribution<float>(-80, 80)(rng);
-        ASSERT_TRUE(sameFloat(generated.scoreMod(variant.data(), s, b, h, q, kv),
+        ASSERT_TRUE(sameFloat(generated.scoreMod(variant->data(), s, b, h, q, kv),
                               expr::evaluateScoreMod(scoreMod, s, b, h, q, kv, values, scratch)))
             << "b " << b << " h " << h << " q " << q << " kv " << kv << " score " << s << "\n" << source;
-        ASSERT_TRUE(sameFloat(generated.scoreModGrad(variant.data(), s, b, h, q, kv),
+        ASSERT_TRUE(sameFloat(generated.scoreModGrad(variant->data(), s, b, h, q, kv),
                               expr::evaluateScoreMod(derivative, s, b, h, q, kv, values, scratch)))
             << "derivative: b " << b << " h " << h << " q " << q << " kv " << kv << " score " << s << "\n"
             << source;
@@ -432,10 +442,8 @@ TEST(Codegen, TileClassificationMatchesBruteForce) {
     // prefix of the full one, and score_mod captures may stay zero here.
     auto layout = codegen::layoutVariant(mask, nullptr);
     RandomCaptures captures = randomCaptures(layout.value(), rng);
-    std::vector<uint64_t> variant(generated.size / 8 + 1, 0);
-    auto bytes = codegen::packVariant(layout.value(), captures.bound, mask, nullptr);
-    ASSERT_TRUE(bytes.ok());
-    std::memcpy(variant.data(), bytes.value().data(), bytes.value().size());
+    const auto variant = packedVariant(layout.value(), captures, mask, nullptr, generated.size);
+    ASSERT_TRUE(variant);
     std::vector<CaptureValue> maskCaptures = captures.ordered(mask);
     std::vector<Value> scratch;
     int classes[3] = {0, 0, 0};
@@ -451,7 +459,7 @@ TEST(Codegen, TileClassificationMatchesBruteForce) {
           ++pairs;
         }
       int expected = visible == 0 ? 0 : visible == pairs ? 2 : 1;
-      ASSERT_EQ(generated.classifyTile(variant.data(), b, h, qTile, kvTile, qLen, kvLen, tileM, tileN),
+      ASSERT_EQ(generated.classifyTile(variant->data(), b, h, qTile, kvTile, qLen, kvLen, tileM, tileN),
                 expected);
       ++classes[expected];
     }
