@@ -343,6 +343,9 @@ def user_masks(t):
     distance = 128
     table = torch.randn(16, 2 * distance + 1, generator=generator)
     table_gpu = table.to(dev)
+    temperature = torch.rand(1, t, generator=generator) + 0.5
+    key_bias = torch.randn(1, t, generator=generator)
+    temperature_gpu, key_bias_gpu = temperature.to(dev), key_bias.to(dev)
     index = lambda value: torch.tensor(value, dtype=torch.int64)
     return [
         ("chunked_causal 300", "chunked_causal", "chunked_causal_attention", 8, 2, 128, [index(chunk)],
@@ -361,6 +364,8 @@ def user_masks(t):
          lambda s, b, h, q, kv: s - slopes_gpu[h] * (q - kv)),
         ("relative_bias 128", "relative_bias", "relative_bias_attention", 16, 4, 64, [table], causal,
          lambda s, b, h, q, kv: s + table_gpu[h, (q - kv + distance).clamp(0, 2 * distance)]),
+        ("position_scale", "position_scale", "position_scale_attention", 16, 4, 128, [temperature, key_bias],
+         causal, lambda s, b, h, q, kv: s * temperature_gpu[b, q] + key_bias_gpu[b, kv]),
     ]
 
 

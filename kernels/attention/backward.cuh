@@ -120,18 +120,20 @@ __device__ __forceinline__ void backward_gradients(const LogitMap<Variant>& logi
                                                    int kv0, const AttentionShape& shape, const float (&lse_log2)[2],
                                                    const float (&delta)[2], float (&scores)[kBlocks][4],
                                                    float (&grad_p)[kBlocks][4]) {
+  using Logits = LogitMap<Variant>;
+  auto row_of = [&](int q) { return kChecked ? min(q, shape.q_len - 1) : q; };
+  auto column_of = [&](int kv) { return kChecked ? min(kv, shape.kv_len - 1) : kv; };
+  // The score parts of the thread's two rows once, of each column pair once per key block.
+  const typename Logits::ScoreRow rows[2] = {logits.score_row(row_of(q0)), logits.score_row(row_of(q0 + 8))};
 #pragma unroll
   for (int j = 0; j < kBlocks; ++j) {
+    const typename Logits::ScoreColumn columns[2] = {logits.score_column(column_of(kv0 + 8 * j)),
+                                                     logits.score_column(column_of(kv0 + 8 * j + 1))};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      int q = q0 + 8 * (i >> 1);
-      int kv = kv0 + 8 * j + (i & 1);
-      if constexpr (kChecked) {
-        q = min(q, shape.q_len - 1);
-        kv = min(kv, shape.kv_len - 1);
-      }
-      const float p = fast_exp2(logits.logit(scores[j][i], q, kv) - lse_log2[i >> 1]);
-      const float grad_s = p * (grad_p[j][i] - delta[i >> 1]) * logits.logit_grad(scores[j][i], q, kv);
+      const float p = fast_exp2(logits.logit(scores[j][i], rows[i >> 1], columns[i & 1]) - lse_log2[i >> 1]);
+      const float grad_s =
+          p * (grad_p[j][i] - delta[i >> 1]) * logits.logit_grad(scores[j][i], rows[i >> 1], columns[i & 1]);
       const bool visible = !kChecked || ((shown >> (4 * j + i)) & 1);
       scores[j][i] = visible ? p : 0.f;
       grad_p[j][i] = visible ? grad_s : 0.f;

@@ -75,38 +75,52 @@ __host__ __device__ constexpr int portable_stage_bytes(int dynamic_bytes) {
 
 template <class Variant>
 struct LogitMap {
-  // The score_mod's part of (batch, head), worked out once (variant.cuh).
+  // The score_mod's parts (variant.cuh): the batch and head's, worked out
+  // once; a row's and a column's, worked out by the kernels once per row or
+  // column of a thread's tile (score_row, score_column) and passed to logit.
   static constexpr bool kSplitScore = Variant::kHasScoreMod && HasScoreHead<Variant>::value;
+  using ScoreParts = ScorePartsOf<Variant>;
+  using ScoreRow = typename ScoreParts::Row;
+  using ScoreColumn = typename ScoreParts::Column;
 
   const Variant& variant;
   int batch;
   int head;
   float scale;
   float scale_log2;
-  typename ScoreHeadOf<Variant>::Type score_head;
+  typename ScoreParts::Head score_head;
 
   __device__ __forceinline__ LogitMap(const Variant& variant_, int batch_, int head_, float scale_)
       : variant(variant_), batch(batch_), head(head_), scale(scale_), scale_log2(scale_ * kLog2e) {
     if constexpr (kSplitScore) score_head = variant.score_head(batch, head);
   }
 
-  // Logit of an in-range pair, in log2 units.
-  __device__ __forceinline__ float logit(float dot, int q, int kv) const {
+  __device__ __forceinline__ ScoreRow score_row(int q) const {
+    if constexpr (kSplitScore) return variant.score_row(score_head, q);
+    else return q;
+  }
+  __device__ __forceinline__ ScoreColumn score_column(int kv) const {
+    if constexpr (kSplitScore) return variant.score_column(score_head, kv);
+    else return kv;
+  }
+
+  // Logit of an in-range pair (its row's and column's score parts), in log2 units.
+  __device__ __forceinline__ float logit(float dot, const ScoreRow& row, const ScoreColumn& column) const {
     if constexpr (kSplitScore) {
-      return variant.score_pair(score_head, dot * scale, q, kv) * kLog2e;
+      return variant.score_pair(score_head, row, column, dot * scale) * kLog2e;
     } else if constexpr (Variant::kHasScoreMod) {
-      return variant.score_mod(dot * scale, batch, head, q, kv) * kLog2e;
+      return variant.score_mod(dot * scale, batch, head, row, column) * kLog2e;
     } else {
       return dot * scale_log2;
     }
   }
 
   // d logit / d dot, in natural units (the scale included).
-  __device__ __forceinline__ float logit_grad(float dot, int q, int kv) const {
+  __device__ __forceinline__ float logit_grad(float dot, const ScoreRow& row, const ScoreColumn& column) const {
     if constexpr (kSplitScore) {
-      return variant.score_grad_pair(score_head, dot * scale, q, kv) * scale;
+      return variant.score_grad_pair(score_head, row, column, dot * scale) * scale;
     } else if constexpr (Variant::kHasScoreMod) {
-      return variant.score_mod_grad(dot * scale, batch, head, q, kv) * scale;
+      return variant.score_mod_grad(dot * scale, batch, head, row, column) * scale;
     } else {
       return scale;
     }
@@ -213,27 +227,35 @@ struct LogitMap {
   // itself (the scale, positive, goes to exponent_scale(), so a row's
   // largest x is its largest logit), with one the logit.
   __device__ __forceinline__ float exponent_scale() const { return Variant::kHasScoreMod ? 1.f : scale_log2; }
-  __device__ __forceinline__ float exponent_operand(float dot, int q, int kv) const {
+  __device__ __forceinline__ float exponent_operand(float dot, const ScoreRow& row, const ScoreColumn& column) const {
     if constexpr (Variant::kHasScoreMod) {
-      return logit(dot, q, kv);
+      return logit(dot, row, column);
     } else {
       return dot;
     }
   }
 
-  // apply() with the visibility worked out beforehand.
+  // apply() with the visibility worked out beforehand (kChecked) or every
+  // pair shown. The score parts of the thread's two rows once, of each
+  // column pair once per key block.
+  template <bool kChecked, int kBlocks>
+  __device__ __forceinline__ void apply_shown(float (&scores)[kBlocks][4], unsigned long long bits, int q0,
+                                              int kv0) const {
+    const ScoreRow rows[2] = {score_row(q0), score_row(q0 + 8)};
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+      const ScoreColumn columns[2] = {score_column(kv0 + 8 * j), score_column(kv0 + 8 * j + 1)};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float operand = exponent_operand(scores[j][i], rows[i >> 1], columns[i & 1]);
+        scores[j][i] = !kChecked || ((bits >> (4 * j + i)) & 1) ? operand : negative_infinity();
+      }
+    }
+  }
   template <int kBlocks>
   __device__ __forceinline__ void apply_visible(float (&scores)[kBlocks][4], unsigned long long bits, int q0,
                                                 int kv0) const {
-#pragma unroll
-    for (int j = 0; j < kBlocks; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const bool shown = (bits >> (4 * j + i)) & 1;
-        scores[j][i] =
-            shown ? exponent_operand(scores[j][i], q0 + 8 * (i >> 1), kv0 + 8 * j + (i & 1)) : negative_infinity();
-      }
-    }
+    apply_shown<true>(scores, bits, q0, kv0);
   }
 
   // Maps a warp's score accumulators in place to the forwards' exponent
@@ -246,13 +268,7 @@ struct LogitMap {
                                         int q_len, int kv_len,
                                         const typename VisibilitySides<Variant, false>::Varying* staged) const {
     if (!checked) {
-#pragma unroll
-      for (int j = 0; j < kBlocks; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          scores[j][i] = exponent_operand(scores[j][i], q0 + 8 * (i >> 1), kv0 + 8 * j + (i & 1));
-        }
-      }
+      apply_shown<false>(scores, ~0ull, q0, kv0);
     } else {
       apply_visible(scores, visibility<kBlocks, false, kStaged>(partial, q0, kv0, q_len, kv_len, staged), q0, kv0);
     }

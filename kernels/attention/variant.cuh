@@ -31,14 +31,18 @@
 // warp and share it through shared memory (LogitMap::stage_varying).
 //
 // Likewise the score_mod split: a variant may provide
-//   struct ScoreHead;
-//   __device__ ScoreHead score_head(long long b, long long h) const;
-//   __device__ float score_pair(const ScoreHead& head, float s, long long q, long long kv) const;
-//   __device__ float score_grad_pair(const ScoreHead& head, float s, long long q, long long kv) const;
-// with score_pair(score_head(b, h), s, q, kv) equal to score_mod(b, h, q, kv)
-// (score_grad_pair to score_mod_grad): the kernels then work out what depends
-// on the batch and head alone (a slope read per head, say) once per batch
-// and head instead of once per pair (LogitMap).
+//   struct ScoreHead; struct ScoreRow; struct ScoreColumn;
+//   __device__ ScoreHead   score_head(long long b, long long h) const;
+//   __device__ ScoreRow    score_row(const ScoreHead& head, long long q) const;
+//   __device__ ScoreColumn score_column(const ScoreHead& head, long long kv) const;
+//   __device__ float score_pair(const ScoreHead&, const ScoreRow&, const ScoreColumn&, float s) const;
+//   __device__ float score_grad_pair(const ScoreHead&, const ScoreRow&, const ScoreColumn&, float s) const;
+// with score_pair(head, score_row(head, q), score_column(head, kv), s), head =
+// score_head(b, h), equal to score_mod(s, b, h, q, kv) (score_grad_pair to
+// score_mod_grad): the kernels then work out what depends on the batch and
+// head alone (a slope read per head, say) once per batch and head, and what
+// depends on a row or a column alone once per row or column of a thread's
+// tile, instead of once per pair (LogitMap).
 //
 // A mask whose visible keys of a query row form a few intervals may say so
 // (dflex-compile emits it where the test is shorter than mask_pair):
@@ -86,14 +90,19 @@ struct HasScoreHead<Variant, decltype(void(sizeof(typename Variant::ScoreHead)))
   static constexpr bool value = true;
 };
 
-// The variant's ScoreHead, or an empty struct for a variant without one.
+// The variant's score_mod part types, or, for a variant without them, an
+// empty head and the indices as the row's and the column's parts.
 template <class Variant, bool = HasScoreHead<Variant>::value>
-struct ScoreHeadOf {
-  struct Type {};
+struct ScorePartsOf {
+  struct Head {};
+  using Row = int;
+  using Column = int;
 };
 template <class Variant>
-struct ScoreHeadOf<Variant, true> {
-  using Type = typename Variant::ScoreHead;
+struct ScorePartsOf<Variant, true> {
+  using Head = typename Variant::ScoreHead;
+  using Row = typename Variant::ScoreRow;
+  using Column = typename Variant::ScoreColumn;
 };
 
 // Whether working out a mask part reads captured memory (Part::kReadsMemory).

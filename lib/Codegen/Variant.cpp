@@ -276,6 +276,13 @@ struct PartOutputs {
     else
       values[operand] = true;
   }
+  /// The values computing the part needs: its values and its terms' indices.
+  std::vector<bool> wanted(const Program &program) const {
+    std::vector<bool> wanted = values;
+    for (const ReadTerm &term : terms)
+      wanted[program.instructions[term.read].operands[term.dim]] = true;
+    return wanted;
+  }
   void add(const PartOutputs &other) {
     for (size_t n = 0; n < values.size(); ++n)
       values[n] = values[n] || other.values[n];
@@ -307,49 +314,78 @@ public:
           invariantField[int32_t(n)] = slot.field;
   }
 
-  /// The score_mod as the part the kernels work out once per (batch, head)
-  /// and the rest, per pair (bodyVariance): score_head returns the fixed
-  /// values the rest reads (a captured slope per head, say), score_pair and
-  /// score_grad_pair compute the score_mod and its derivative from them,
+  /// The score_mod as the parts the kernels work out once per (batch, head),
+  /// once per query row and once per key column, and the rest, per pair
+  /// (bodyVariance): score_head returns the fixed values the others read (a
+  /// captured slope per head, say), score_row and score_column the values of
+  /// a row (a scale read per query) and of a column, score_pair and
+  /// score_grad_pair compute the score_mod and its derivative from the three,
   /// and score_mod and score_mod_grad compose the parts.
   void emitSplitScoreMod(int32_t result, int32_t derivative) {
     const std::vector<Variance> variance = bodyVariance(program);
     const size_t count = program.instructions.size();
-    // Everything but the head's values is computed per pair (rows and
-    // columns included).
-    auto perPair = [&](int32_t n) { return variance[n] != Variance::Fixed; };
-    // Each function's per-pair instructions, and what they (or the function,
-    // as its result) take from the head part.
-    std::vector<std::vector<bool>> inPair;
-    std::vector<PartOutputs> fromHead(2, PartOutputs(count));
-    PartOutputs head(count);
+    auto level = [&](int32_t n) { return static_cast<int>(variance[n]); };
+    // What the instructions of `within` (one function's) take from the
+    // lower parts, by part (Fixed, Row, Column).
+    auto takenBy = [&](const std::vector<bool> &within, std::vector<PartOutputs> &from) {
+      for (size_t n = 0; n < count; ++n)
+        if (within[n]) {
+          const std::vector<int32_t> read = operandsRead(int32_t(n));
+          for (size_t k = 0; k < read.size(); ++k)
+            if (variance[read[k]] != variance[n])
+              from[level(read[k])].take(program, int32_t(n), int(k), read[k]);
+        }
+    };
+    // The two pair functions: their instructions and what they take.
     const int32_t returned[] = {result, derivative};
+    std::vector<std::vector<bool>> inPair;
+    std::vector<std::vector<PartOutputs>> pairTakes(2, std::vector<PartOutputs>(3, PartOutputs(count)));
     for (int f = 0; f < 2; ++f) {
       std::vector<bool> wanted(count, false);
       wanted[returned[f]] = true;
       const std::vector<bool> live = computing(wanted);
       std::vector<bool> pair(count, false);
-      fromHead[f].values[returned[f]] = !perPair(returned[f]);
       for (size_t n = 0; n < count; ++n)
-        if (live[n] && perPair(int32_t(n))) {
-          pair[n] = true;
-          const std::vector<int32_t> read = operandsRead(int32_t(n));
-          for (size_t k = 0; k < read.size(); ++k)
-            if (!perPair(read[k]))
-              fromHead[f].take(program, int32_t(n), int(k), read[k]);
-        }
-      head.add(fromHead[f]);
+        pair[n] = live[n] && variance[n] == Variance::Pair;
+      if (variance[returned[f]] != Variance::Pair)
+        pairTakes[f][level(returned[f])].values[returned[f]] = true;
+      takenBy(pair, pairTakes[f]);
       inPair.push_back(std::move(pair));
     }
+    // The row and column parts: what the pair functions take from them, and
+    // what computing that takes from the head.
+    std::vector<PartOutputs> outputs(3, PartOutputs(count));
+    for (int f = 0; f < 2; ++f)
+      for (int part = 0; part < 3; ++part)
+        outputs[part].add(pairTakes[f][part]);
+    std::vector<std::vector<PartOutputs>> sideTakes(3, std::vector<PartOutputs>(3, PartOutputs(count)));
+    for (Variance side : {Variance::Row, Variance::Column}) {
+      const std::vector<bool> live = computing(outputs[int(side)].wanted(program));
+      std::vector<bool> within(count, false);
+      for (size_t n = 0; n < count; ++n)
+        within[n] = live[n] && variance[n] == side;
+      takenBy(within, sideTakes[int(side)]);
+      outputs[int(Variance::Fixed)].add(sideTakes[int(side)][int(Variance::Fixed)]);
+    }
     out << "\n  // The score_mod by what its values change with: score_head once per batch\n"
-           "  // and head, score_pair (score_grad_pair: its derivative) per pair from it.\n";
-    emitPart("ScoreHead", "score_head(long long b, long long h)", head);
-    const char *pairSignature = "(const ScoreHead &head, float score, long long q_idx, long long kv_idx) const {\n"
-                                "    using namespace ::dflex::sem;\n";
+           "  // and head, score_row once per query row, score_column once per key column,\n"
+           "  // score_pair (score_grad_pair: its derivative) per pair from the three.\n";
+    emitPart("ScoreHead", "score_head(long long b, long long h)", outputs[int(Variance::Fixed)]);
+    const PartOutputs &fromHeadOfRow = sideTakes[int(Variance::Row)][int(Variance::Fixed)];
+    const PartOutputs &fromHeadOfColumn = sideTakes[int(Variance::Column)][int(Variance::Fixed)];
+    emitPart("ScoreRow", "score_row(const ScoreHead &head, long long q_idx)", outputs[int(Variance::Row)],
+             {{"head", &fromHeadOfRow}}, Variance::Row);
+    emitPart("ScoreColumn", "score_column(const ScoreHead &head, long long kv_idx)",
+             outputs[int(Variance::Column)], {{"head", &fromHeadOfColumn}}, Variance::Column);
+    const char *pairSignature =
+        "(const ScoreHead &head, const ScoreRow &row, const ScoreColumn &column, float score) const {\n"
+        "    using namespace ::dflex::sem;\n";
     const char *names[] = {"score_pair", "score_grad_pair"};
     for (int f = 0; f < 2; ++f) {
       out << "\n  DFLEX_FUNCTOR float " << names[f] << pairSignature;
-      declareFromPart("head", fromHead[f]);
+      declareFromPart("head", pairTakes[f][int(Variance::Fixed)]);
+      declareFromPart("row", pairTakes[f][int(Variance::Row)]);
+      declareFromPart("column", pairTakes[f][int(Variance::Column)]);
       for (size_t n = 0; n < count; ++n)
         if (inPair[f][n])
           emitInstruction(static_cast<int32_t>(n));
@@ -359,8 +395,9 @@ public:
     const char *scoreSignature =
         "(float score, long long b, long long h, long long q_idx, long long kv_idx) const {\n";
     for (int f = 0; f < 2; ++f)
-      out << "\n  DFLEX_FUNCTOR float " << (f ? "score_mod_grad" : "score_mod") << scoreSignature << "    return "
-          << names[f] << "(score_head(b, h), score, q_idx, kv_idx);\n  }\n";
+      out << "\n  DFLEX_FUNCTOR float " << (f ? "score_mod_grad" : "score_mod") << scoreSignature
+          << "    const ScoreHead head = score_head(b, h);\n    return " << names[f]
+          << "(head, score_row(head, q_idx), score_column(head, kv_idx), score);\n  }\n";
   }
 
   /// The mask as the parts the kernels evaluate once per query row, once per
@@ -467,11 +504,18 @@ private:
   /// A struct of the `part`'s values and read terms and the function
   /// `signature` that computes them; the struct says when computing them
   /// reads a capture (kReadsMemory, which the kernels' staging reads:
-  /// variant.cuh).
-  void emitPart(const char *structName, const char *signature, const PartOutputs &part) {
-    std::vector<bool> wanted = part.values;
-    for (const ReadTerm &term : part.terms)
-      wanted[program.instructions[term.read].operands[term.dim]] = true;
+  /// variant.cuh). With `only`, the function computes the instructions of
+  /// that variance alone and takes the others' values from the parts
+  /// `from` (their struct arguments' names).
+  void emitPart(const char *structName, const char *signature, const PartOutputs &part,
+                const std::vector<std::pair<const char *, const PartOutputs *>> &from = {},
+                std::optional<Variance> only = std::nullopt) {
+    const std::vector<bool> wanted = part.wanted(program);
+    const std::vector<Variance> variance = only ? bodyVariance(program) : std::vector<Variance>();
+    std::vector<bool> live = computing(wanted);
+    if (only)
+      for (size_t n = 0; n < live.size(); ++n)
+        live[n] = live[n] && variance[n] == *only;
     std::string members;
     out << "  struct " << structName << " {";
     for (size_t n = 0; n < part.values.size(); ++n)
@@ -483,7 +527,6 @@ private:
       out << " bool " << termInRange(term) << "; ::dflex::sem::i64 " << termOffset(term) << ";";
       members += (members.empty() ? "" : ", ") + termInRange(term) + ", " + termOffset(term);
     }
-    const std::vector<bool> live = computing(wanted);
     for (size_t n = 0; n < live.size(); ++n)
       if (live[n] && program.instructions[n].op == Opcode::Read) {
         out << " static constexpr bool kReadsMemory = true;";
@@ -491,7 +534,12 @@ private:
       }
     out << " };\n  DFLEX_FUNCTOR " << structName << " " << signature << " const {\n"
         << "    using namespace ::dflex::sem;\n";
-    emitComputing(wanted);
+    for (const auto &[name, taken] : from)
+      declareFromPart(name, *taken);
+    for (size_t n = 0; n < live.size(); ++n)
+      if (live[n])
+        emitInstruction(static_cast<int32_t>(n));
+    termsInScope.clear();
     for (const ReadTerm &term : part.terms) {
       const Instruction &read = program.instructions[term.read];
       const std::string field = capture(read).field, index = operand(read, term.dim), dim = std::to_string(term.dim);

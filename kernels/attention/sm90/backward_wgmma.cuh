@@ -111,18 +111,21 @@ __device__ __forceinline__ void backward_probabilities(const LogitMap<Variant>& 
                                                        unsigned lse_row, float (&scores)[kBlocks][4],
                                                        unsigned (&p_frag)[kSteps][4]) {
   static_assert(kBlocks == 2 * kSteps, "two 8-query blocks per k-step");
+  // The score parts of the thread's two keys once, of each query pair once per block.
+  const typename LogitMap<Variant>::ScoreColumn columns[2] = {logits.score_column(tile.key0),
+                                                              logits.score_column(tile.key0 + 8)};
 #pragma unroll
   for (int b = 0; b < kBlocks; ++b) {
     const int col = 8 * b + tile.col_pair;
     const float2 lse = load_shared_f32x2(lse_row + 4 * col);
     const float lse_log2[2] = {lse_exponent_offset(lse.x), lse_exponent_offset(lse.y)};
+    const typename LogitMap<Variant>::ScoreRow rows[2] = {logits.score_row(tile.q_start + col),
+                                                          logits.score_row(tile.q_start + col + 1)};
     float p[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int q = tile.q_start + col + (e & 1);
-      const int kv = tile.key0 + 8 * (e >> 1);
-      const float exponentiated = fast_exp2(logits.logit(scores[b][e], q, kv) - lse_log2[e & 1]);
-      const float factor = exponentiated * logits.logit_grad(scores[b][e], q, kv);
+      const float exponentiated = fast_exp2(logits.logit(scores[b][e], rows[e & 1], columns[e >> 1]) - lse_log2[e & 1]);
+      const float factor = exponentiated * logits.logit_grad(scores[b][e], rows[e & 1], columns[e >> 1]);
       if constexpr (kChecked) {
         const bool visible = (shown >> (4 * b + e)) & 1;
         p[e] = visible ? exponentiated : 0.f;

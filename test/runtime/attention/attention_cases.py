@@ -189,6 +189,14 @@ def make_relative_bias(gen, size):
     return Problem(2, t, t, [table], _causal, score_mod=score_mod)
 
 
+def make_position_scale(gen, size):
+    t = _lengths(gen, size, 30, 80, 300, 650)
+    temperature = torch.rand(2, t, generator=gen) + 0.5
+    key_bias = torch.randn(2, t, generator=gen)
+    return Problem(2, t, t, [temperature, key_bias], _causal,
+                   score_mod=lambda s, b, h, q, kv: s * temperature.double()[b, q] + key_bias.double()[b, kv])
+
+
 CASES = [
     Case("causal", "causal_attention", make_causal),
     Case("sliding_window", "sliding_window_attention", make_sliding_window),
@@ -201,6 +209,7 @@ CASES = [
     Case("softcap", "softcap_attention", make_softcap),
     Case("alibi", "alibi_attention", make_alibi),
     Case("relative_bias", "relative_bias_attention", make_relative_bias),
+    Case("position_scale", "position_scale_attention", make_position_scale),
 ]
 
 

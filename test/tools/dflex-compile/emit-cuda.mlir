@@ -73,7 +73,11 @@ dflex.attention @layer mask @window score_mod @softcap heads(8, 2) head_dim(64, 
 // CHECK:         const float [[CAP]] = slotFloat(cap2_cap);
 // CHECK:         const float [[ONE]] = 1.000000000e+00f;
 // CHECK:         return ScoreHead{[[CAP]], [[ONE]], [[INV]]};
-// CHECK-LABEL: float score_pair(const ScoreHead &head, float score, long long q_idx, long long kv_idx) const {
+// Nothing of the softcap depends on a row or a column alone.
+// CHECK:       struct ScoreRow { };
+// CHECK-LABEL: ScoreRow score_row(const ScoreHead &head, long long q_idx) const {
+// CHECK:       struct ScoreColumn { };
+// CHECK-LABEL: float score_pair(const ScoreHead &head, const ScoreRow &row, const ScoreColumn &column, float score) const {
 // CHECK:         const float [[CAP]] = head.[[CAP]];
 // CHECK-NOT:     slotFloat
 // CHECK:         = tanhf_(v{{[0-9]+}}, 0);
@@ -86,9 +90,11 @@ dflex.attention @layer mask @window score_mod @softcap heads(8, 2) head_dim(64, 
 // CHECK:         = subf([[ONE]], [[SQ]], 0);
 // CHECK:         return v{{[0-9]+}};
 // CHECK-LABEL: float score_mod(float score,
-// CHECK-NEXT:    return score_pair(score_head(b, h), score, q_idx, kv_idx);
+// CHECK-NEXT:    const ScoreHead head = score_head(b, h);
+// CHECK-NEXT:    return score_pair(head, score_row(head, q_idx), score_column(head, kv_idx), score);
 // CHECK-LABEL: float score_mod_grad(float score,
-// CHECK-NEXT:    return score_grad_pair(score_head(b, h), score, q_idx, kv_idx);
+// CHECK-NEXT:    const ScoreHead head = score_head(b, h);
+// CHECK-NEXT:    return score_grad_pair(head, score_row(head, q_idx), score_column(head, kv_idx), score);
 
 // CHECK:       // The configs of the arch this binary is compiled for.
 // CHECK-NEXT:  using Configs = ::dflex::kernels::DefaultAttentionConfigs<__nv_bfloat16, 64, ::dflex::kernels::kCompiledComputeCapability>;

@@ -108,6 +108,7 @@ const Example kExamples[] = {
     {"alibi.mlir", "causal", nullptr},
     {"softcap.mlir", "causal", nullptr},
     {"relative_bias.mlir", "causal", nullptr},
+    {"position_scale.mlir", "causal", nullptr},
     {"sliding_window.mlir", "sliding_window",
      [](std::mt19937_64 &rng, Trial &trial) {
        const int64_t special[] = {0, 1, 2, int64_t{1} << 40};

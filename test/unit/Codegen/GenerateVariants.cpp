@@ -146,10 +146,12 @@ int main(int argc, char **argv) {
         << ::dflex::codegen::emitVariant("Variant", layout.value(), causal, &scoreMod)
         << "inline float scoreMod(const void *v, float s, long long b, long long h, long long q, long long kv) {\n"
            "  const Variant &variant = *static_cast<const Variant *>(v);\n"
-           "  return variant.score_pair(variant.score_head(b, h), s, q, kv);\n}\n"
+           "  const auto head = variant.score_head(b, h);\n"
+           "  return variant.score_pair(head, variant.score_row(head, q), variant.score_column(head, kv), s);\n}\n"
            "inline float scoreModGrad(const void *v, float s, long long b, long long h, long long q, long long kv) {\n"
            "  const Variant &variant = *static_cast<const Variant *>(v);\n"
-           "  return variant.score_grad_pair(variant.score_head(b, h), s, q, kv);\n}\n"
+           "  const auto head = variant.score_head(b, h);\n"
+           "  return variant.score_grad_pair(head, variant.score_row(head, q), variant.score_column(head, kv), s);\n}\n"
         << "} // namespace " << ns << "\n\n";
     table << "    {" << seed << ", sizeof(" << ns << "::Variant), " << ns << "::scoreMod, " << ns
           << "::scoreModGrad},\n";
