@@ -106,12 +106,20 @@ struct LogitMap {
 
   // Logit of an in-range pair (its row's and column's score parts), in log2 units.
   __device__ __forceinline__ float logit(float dot, const ScoreRow& row, const ScoreColumn& column) const {
-    if constexpr (kSplitScore) {
-      return variant.score_pair(score_head, row, column, dot * scale) * kLog2e;
-    } else if constexpr (Variant::kHasScoreMod) {
-      return variant.score_mod(dot * scale, batch, head, row, column) * kLog2e;
+    if constexpr (Variant::kHasScoreMod) {
+      return modified_score(dot, row, column) * kLog2e;
     } else {
       return dot * scale_log2;
+    }
+  }
+
+  // score_mod(scale * dot) of an in-range pair, in natural units.
+  __device__ __forceinline__ float modified_score(float dot, const ScoreRow& row, const ScoreColumn& column) const {
+    static_assert(Variant::kHasScoreMod, "a variant without a score_mod has no modified score");
+    if constexpr (kSplitScore) {
+      return variant.score_pair(score_head, row, column, dot * scale);
+    } else {
+      return variant.score_mod(dot * scale, batch, head, row, column);
     }
   }
 
@@ -224,12 +232,13 @@ struct LogitMap {
 
   // The forwards exponentiate exponent_scale() * x - base in one FFMA, x what
   // apply() leaves of a visible pair: without a score_mod the dot product
-  // itself (the scale, positive, goes to exponent_scale(), so a row's
-  // largest x is its largest logit), with one the logit.
-  __device__ __forceinline__ float exponent_scale() const { return Variant::kHasScoreMod ? 1.f : scale_log2; }
+  // itself (the scale goes to exponent_scale()), with one the modified score
+  // (log2(e) goes to exponent_scale()); both factors are positive, so a
+  // row's largest x is its largest logit.
+  __device__ __forceinline__ float exponent_scale() const { return Variant::kHasScoreMod ? kLog2e : scale_log2; }
   __device__ __forceinline__ float exponent_operand(float dot, const ScoreRow& row, const ScoreColumn& column) const {
     if constexpr (Variant::kHasScoreMod) {
-      return logit(dot, row, column);
+      return modified_score(dot, row, column);
     } else {
       return dot;
     }
