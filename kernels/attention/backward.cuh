@@ -123,21 +123,32 @@ __device__ __forceinline__ void backward_gradients(const LogitMap<Variant>& logi
   using Logits = LogitMap<Variant>;
   auto row_of = [&](int q) { return kChecked ? min(q, shape.q_len - 1) : q; };
   auto column_of = [&](int kv) { return kChecked ? min(kv, shape.kv_len - 1) : kv; };
-  // The score parts of the thread's two rows once, of each column pair once per key block.
+  // The score parts of the thread's two rows once, of each column pair once
+  // per key block, and of each distance once (as LogitMap::apply_shown).
+  // The distances are the unclamped pairs': a clamped pair is hidden.
   const typename Logits::ScoreRow rows[2] = {logits.score_row(row_of(q0)), logits.score_row(row_of(q0 + 8))};
+  const int distance0 = q0 - kv0;
+  typename Logits::ScoreDistance second_row[2] = {logits.score_distance(distance0 + 8),
+                                                  logits.score_distance(distance0 + 7)};
 #pragma unroll
   for (int j = 0; j < kBlocks; ++j) {
     const typename Logits::ScoreColumn columns[2] = {logits.score_column(column_of(kv0 + 8 * j)),
                                                      logits.score_column(column_of(kv0 + 8 * j + 1))};
+    const typename Logits::ScoreDistance first_row[2] = {logits.score_distance(distance0 - 8 * j),
+                                                         logits.score_distance(distance0 - 8 * j - 1)};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float p = fast_exp2(logits.logit(scores[j][i], rows[i >> 1], columns[i & 1]) - lse_log2[i >> 1]);
-      const float grad_s =
-          p * (grad_p[j][i] - delta[i >> 1]) * logits.logit_grad(scores[j][i], rows[i >> 1], columns[i & 1]);
+      const typename Logits::ScoreDistance& distance = (i >> 1) ? second_row[i & 1] : first_row[i & 1];
+      const float p =
+          fast_exp2(logits.logit(scores[j][i], rows[i >> 1], columns[i & 1], distance) - lse_log2[i >> 1]);
+      const float grad_s = p * (grad_p[j][i] - delta[i >> 1]) *
+                           logits.logit_grad(scores[j][i], rows[i >> 1], columns[i & 1], distance);
       const bool visible = !kChecked || ((shown >> (4 * j + i)) & 1);
       scores[j][i] = visible ? p : 0.f;
       grad_p[j][i] = visible ? grad_s : 0.f;
     }
+    second_row[0] = first_row[0];
+    second_row[1] = first_row[1];
   }
 }
 

@@ -82,6 +82,7 @@ struct LogitMap {
   using ScoreParts = ScorePartsOf<Variant>;
   using ScoreRow = typename ScoreParts::Row;
   using ScoreColumn = typename ScoreParts::Column;
+  using ScoreDistance = typename ScoreParts::Distance;
 
   const Variant& variant;
   int batch;
@@ -103,30 +104,38 @@ struct LogitMap {
     if constexpr (kSplitScore) return variant.score_column(score_head, kv);
     else return kv;
   }
+  __device__ __forceinline__ ScoreDistance score_distance(int distance) const {
+    if constexpr (kSplitScore) return variant.score_distance(score_head, distance);
+    else return distance;
+  }
 
-  // Logit of an in-range pair (its row's and column's score parts), in log2 units.
-  __device__ __forceinline__ float logit(float dot, const ScoreRow& row, const ScoreColumn& column) const {
+  // Logit of an in-range pair (its row's, column's and distance's score
+  // parts), in log2 units.
+  __device__ __forceinline__ float logit(float dot, const ScoreRow& row, const ScoreColumn& column,
+                                         const ScoreDistance& distance) const {
     if constexpr (Variant::kHasScoreMod) {
-      return modified_score(dot, row, column) * kLog2e;
+      return modified_score(dot, row, column, distance) * kLog2e;
     } else {
       return dot * scale_log2;
     }
   }
 
   // score_mod(scale * dot) of an in-range pair, in natural units.
-  __device__ __forceinline__ float modified_score(float dot, const ScoreRow& row, const ScoreColumn& column) const {
+  __device__ __forceinline__ float modified_score(float dot, const ScoreRow& row, const ScoreColumn& column,
+                                                  const ScoreDistance& distance) const {
     static_assert(Variant::kHasScoreMod, "a variant without a score_mod has no modified score");
     if constexpr (kSplitScore) {
-      return variant.score_pair(score_head, row, column, dot * scale);
+      return variant.score_pair(score_head, row, column, distance, dot * scale);
     } else {
       return variant.score_mod(dot * scale, batch, head, row, column);
     }
   }
 
   // d logit / d dot, in natural units (the scale included).
-  __device__ __forceinline__ float logit_grad(float dot, const ScoreRow& row, const ScoreColumn& column) const {
+  __device__ __forceinline__ float logit_grad(float dot, const ScoreRow& row, const ScoreColumn& column,
+                                              const ScoreDistance& distance) const {
     if constexpr (kSplitScore) {
-      return variant.score_grad_pair(score_head, row, column, dot * scale) * scale;
+      return variant.score_grad_pair(score_head, row, column, distance, dot * scale) * scale;
     } else if constexpr (Variant::kHasScoreMod) {
       return variant.score_mod_grad(dot * scale, batch, head, row, column) * scale;
     } else {
@@ -236,9 +245,10 @@ struct LogitMap {
   // (log2(e) goes to exponent_scale()); both factors are positive, so a
   // row's largest x is its largest logit.
   __device__ __forceinline__ float exponent_scale() const { return Variant::kHasScoreMod ? kLog2e : scale_log2; }
-  __device__ __forceinline__ float exponent_operand(float dot, const ScoreRow& row, const ScoreColumn& column) const {
+  __device__ __forceinline__ float exponent_operand(float dot, const ScoreRow& row, const ScoreColumn& column,
+                                                    const ScoreDistance& distance) const {
     if constexpr (Variant::kHasScoreMod) {
-      return modified_score(dot, row, column);
+      return modified_score(dot, row, column, distance);
     } else {
       return dot;
     }
@@ -246,19 +256,27 @@ struct LogitMap {
 
   // apply() with the visibility worked out beforehand (kChecked) or every
   // pair shown. The score parts of the thread's two rows once, of each
-  // column pair once per key block.
+  // column pair once per key block, and of each distance once: element
+  // (j, i) is at distance q0 - kv0 + 8 * (i / 2 - j) - i % 2, so a key
+  // block's second row sees the distances of the block before's first.
   template <bool kChecked, int kBlocks>
   __device__ __forceinline__ void apply_shown(float (&scores)[kBlocks][4], unsigned long long bits, int q0,
                                               int kv0) const {
     const ScoreRow rows[2] = {score_row(q0), score_row(q0 + 8)};
+    const int distance0 = q0 - kv0;
+    ScoreDistance second_row[2] = {score_distance(distance0 + 8), score_distance(distance0 + 7)};
 #pragma unroll
     for (int j = 0; j < kBlocks; ++j) {
       const ScoreColumn columns[2] = {score_column(kv0 + 8 * j), score_column(kv0 + 8 * j + 1)};
+      const ScoreDistance first_row[2] = {score_distance(distance0 - 8 * j), score_distance(distance0 - 8 * j - 1)};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float operand = exponent_operand(scores[j][i], rows[i >> 1], columns[i & 1]);
+        const ScoreDistance& distance = (i >> 1) ? second_row[i & 1] : first_row[i & 1];
+        const float operand = exponent_operand(scores[j][i], rows[i >> 1], columns[i & 1], distance);
         scores[j][i] = !kChecked || ((bits >> (4 * j + i)) & 1) ? operand : negative_infinity();
       }
+      second_row[0] = first_row[0];
+      second_row[1] = first_row[1];
     }
   }
   template <int kBlocks>

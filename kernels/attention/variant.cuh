@@ -31,19 +31,23 @@
 // warp and share it through shared memory (LogitMap::stage_varying).
 //
 // Likewise the score_mod split: a variant may provide
-//   struct ScoreHead; struct ScoreRow; struct ScoreColumn;
-//   __device__ ScoreHead   score_head(long long b, long long h) const;
-//   __device__ ScoreRow    score_row(const ScoreHead& head, long long q) const;
-//   __device__ ScoreColumn score_column(const ScoreHead& head, long long kv) const;
-//   __device__ float score_pair(const ScoreHead&, const ScoreRow&, const ScoreColumn&, float s) const;
-//   __device__ float score_grad_pair(const ScoreHead&, const ScoreRow&, const ScoreColumn&, float s) const;
-// with score_pair(head, score_row(head, q), score_column(head, kv), s), head =
-// score_head(b, h), equal to score_mod(s, b, h, q, kv) (score_grad_pair to
-// score_mod_grad): the kernels then work out what depends on the batch and
-// head alone (a slope read per head, say) once per batch and head, and what
-// depends on a row or a column alone once per row or column of a thread's
-// tile, instead of once per pair (LogitMap).
-//
+//   struct ScoreHead; struct ScoreRow; struct ScoreColumn; struct ScoreDistance;
+//   __device__ ScoreHead     score_head(long long b, long long h) const;
+//   __device__ ScoreRow      score_row(const ScoreHead& head, long long q) const;
+//   __device__ ScoreColumn   score_column(const ScoreHead& head, long long kv) const;
+//   __device__ ScoreDistance score_distance(const ScoreHead& head, int distance) const;
+//   __device__ float score_pair(const ScoreHead&, const ScoreRow&, const ScoreColumn&, const ScoreDistance&,
+//                               float s) const;
+//   __device__ float score_grad_pair(<the same>) const;
+// with score_pair(head, score_row(head, q), score_column(head, kv),
+// score_distance(head, q - kv), s), head = score_head(b, h), equal to
+// score_mod(s, b, h, q, kv) (score_grad_pair to score_mod_grad): the kernels
+// then work out what depends on the batch and head alone (a slope read per
+// head, say) once per batch and head, and what depends on a row, a column
+// or the distance q - kv alone (a relative-position bias) once per row,
+// column or distinct distance of a thread's tile, instead of once per pair
+// (LogitMap).
+
 // A mask whose visible keys of a query row form a few intervals may say so
 // (dflex-compile emits it where the test is shorter than mask_pair):
 //   static constexpr int kKeyIntervals = N;
@@ -91,18 +95,20 @@ struct HasScoreHead<Variant, decltype(void(sizeof(typename Variant::ScoreHead)))
 };
 
 // The variant's score_mod part types, or, for a variant without them, an
-// empty head and the indices as the row's and the column's parts.
+// empty head and the indices (and their difference) as the other parts.
 template <class Variant, bool = HasScoreHead<Variant>::value>
 struct ScorePartsOf {
   struct Head {};
   using Row = int;
   using Column = int;
+  using Distance = int;
 };
 template <class Variant>
 struct ScorePartsOf<Variant, true> {
   using Head = typename Variant::ScoreHead;
   using Row = typename Variant::ScoreRow;
   using Column = typename Variant::ScoreColumn;
+  using Distance = typename Variant::ScoreDistance;
 };
 
 // Whether working out a mask part reads captured memory (Part::kReadsMemory).

@@ -28,10 +28,49 @@ std::vector<bool> launchInvariant(const Program &program) {
   return invariant;
 }
 
-std::vector<Variance> bodyVariance(const Program &program) {
+namespace {
+
+/// Whether instruction n is leading argument `argument` (q_idx or kv_idx's
+/// index) itself, or casts of it at 32 bits or more.
+bool isExactPosition(const Program &program, int32_t n, int64_t argument) {
+  const Instruction &inst = program.instructions[n];
+  switch (inst.op) {
+  case Opcode::Argument: return inst.imm + (program.isScoreMod ? 0 : 1) == argument;
+  case Opcode::IndexCast:
+  case Opcode::IndexCastUI:
+  case Opcode::ExtSI:
+  case Opcode::ExtUI:
+  case Opcode::TruncI:
+    return expr::intWidth(inst.type) >= 32 && isExactPosition(program, inst.operands[0], argument);
+  default: return false;
+  }
+}
+
+/// The variance of a value computed from values of variances a and b.
+Variance join(Variance a, Variance b) {
+  if (a == b || b == Variance::Fixed)
+    return a;
+  if (a == Variance::Fixed)
+    return b;
+  return Variance::Pair;
+}
+
+} // namespace
+
+bool isPositionDistance(const Program &program, int32_t n) {
+  const Instruction &inst = program.instructions[n];
+  return inst.op == Opcode::SubI && expr::intWidth(inst.type) >= 32 &&
+         isExactPosition(program, inst.operands[0], 3) && isExactPosition(program, inst.operands[1], 4);
+}
+
+std::vector<Variance> bodyVariance(const Program &program, bool distances) {
   std::vector<Variance> variance(program.instructions.size(), Variance::Fixed);
   for (size_t n = 0; n < program.instructions.size(); ++n) {
     const Instruction &inst = program.instructions[n];
+    if (distances && isPositionDistance(program, int32_t(n))) {
+      variance[n] = Variance::Distance;
+      continue;
+    }
     if (inst.op == Opcode::Argument) { // (score,) b, h, q_idx, kv_idx
       const int64_t index = inst.imm + (program.isScoreMod ? 0 : 1);
       variance[n] = index == 0   ? Variance::Pair
@@ -40,10 +79,10 @@ std::vector<Variance> bodyVariance(const Program &program) {
                                  : Variance::Fixed;
       continue;
     }
-    uint8_t joined = 0; // Row | Column == Pair
+    Variance joined = Variance::Fixed;
     for (int32_t operand : inst.operands)
-      joined |= static_cast<uint8_t>(variance[operand]);
-    variance[n] = static_cast<Variance>(joined);
+      joined = join(joined, variance[operand]);
+    variance[n] = joined;
   }
   return variance;
 }

@@ -315,18 +315,24 @@ public:
   }
 
   /// The score_mod as the parts the kernels work out once per (batch, head),
-  /// once per query row and once per key column, and the rest, per pair
-  /// (bodyVariance): score_head returns the fixed values the others read (a
-  /// captured slope per head, say), score_row and score_column the values of
-  /// a row (a scale read per query) and of a column, score_pair and
-  /// score_grad_pair compute the score_mod and its derivative from the three,
-  /// and score_mod and score_mod_grad compose the parts.
+  /// once per query row, once per key column and once per distinct distance
+  /// q - kv of a thread's tile, and the rest, per pair (bodyVariance with
+  /// distances): score_head returns the fixed values the others read (a
+  /// captured slope per head, say), score_row, score_column and
+  /// score_distance the values of a row (a scale read per query), of a
+  /// column and of a distance (a relative-position bucket and its bias),
+  /// score_pair and score_grad_pair compute the score_mod and its derivative
+  /// from the four, and score_mod and score_mod_grad compose the parts.
   void emitSplitScoreMod(int32_t result, int32_t derivative) {
-    const std::vector<Variance> variance = bodyVariance(program);
+    const std::vector<Variance> variance = bodyVariance(program, /*distances=*/true);
     const size_t count = program.instructions.size();
+    constexpr int kLevels = 5; // Fixed, Row, Column, Pair, Distance
     auto level = [&](int32_t n) { return static_cast<int>(variance[n]); };
+    for (size_t n = 0; n < count; ++n)
+      if (variance[n] == Variance::Distance && isPositionDistance(program, int32_t(n)))
+        distanceLeaves.insert(int32_t(n));
     // What the instructions of `within` (one function's) take from the
-    // lower parts, by part (Fixed, Row, Column).
+    // other parts, by part.
     auto takenBy = [&](const std::vector<bool> &within, std::vector<PartOutputs> &from) {
       for (size_t n = 0; n < count; ++n)
         if (within[n]) {
@@ -336,10 +342,11 @@ public:
               from[level(read[k])].take(program, int32_t(n), int(k), read[k]);
         }
     };
+    auto parts = [&] { return std::vector<PartOutputs>(kLevels, PartOutputs(count)); };
     // The two pair functions: their instructions and what they take.
     const int32_t returned[] = {result, derivative};
     std::vector<std::vector<bool>> inPair;
-    std::vector<std::vector<PartOutputs>> pairTakes(2, std::vector<PartOutputs>(3, PartOutputs(count)));
+    std::vector<std::vector<PartOutputs>> pairTakes = {parts(), parts()};
     for (int f = 0; f < 2; ++f) {
       std::vector<bool> wanted(count, false);
       wanted[returned[f]] = true;
@@ -352,16 +359,19 @@ public:
       takenBy(pair, pairTakes[f]);
       inPair.push_back(std::move(pair));
     }
-    // The row and column parts: what the pair functions take from them, and
-    // what computing that takes from the head.
-    std::vector<PartOutputs> outputs(3, PartOutputs(count));
+    // The row, column and distance parts: what the pair functions take from
+    // them, and what computing that takes from the head.
+    std::vector<PartOutputs> outputs = parts();
     for (int f = 0; f < 2; ++f)
-      for (int part = 0; part < 3; ++part)
+      for (int part = 0; part < kLevels; ++part)
         outputs[part].add(pairTakes[f][part]);
-    std::vector<std::vector<PartOutputs>> sideTakes(3, std::vector<PartOutputs>(3, PartOutputs(count)));
-    for (Variance side : {Variance::Row, Variance::Column}) {
+    const Variance sides[] = {Variance::Row, Variance::Column, Variance::Distance};
+    std::vector<std::vector<PartOutputs>> sideTakes(kLevels, parts());
+    std::vector<std::vector<bool>> sideWithin(kLevels);
+    for (Variance side : sides) {
       const std::vector<bool> live = computing(outputs[int(side)].wanted(program));
-      std::vector<bool> within(count, false);
+      std::vector<bool> &within = sideWithin[int(side)];
+      within.assign(count, false);
       for (size_t n = 0; n < count; ++n)
         within[n] = live[n] && variance[n] == side;
       takenBy(within, sideTakes[int(side)]);
@@ -369,35 +379,40 @@ public:
     }
     out << "\n  // The score_mod by what its values change with: score_head once per batch\n"
            "  // and head, score_row once per query row, score_column once per key column,\n"
-           "  // score_pair (score_grad_pair: its derivative) per pair from the three.\n";
+           "  // score_distance once per distance q - kv, score_pair (score_grad_pair: its\n"
+           "  // derivative) per pair from the four.\n";
     emitPart("ScoreHead", "score_head(long long b, long long h)", outputs[int(Variance::Fixed)]);
-    const PartOutputs &fromHeadOfRow = sideTakes[int(Variance::Row)][int(Variance::Fixed)];
-    const PartOutputs &fromHeadOfColumn = sideTakes[int(Variance::Column)][int(Variance::Fixed)];
-    emitPart("ScoreRow", "score_row(const ScoreHead &head, long long q_idx)", outputs[int(Variance::Row)],
-             {{"head", &fromHeadOfRow}}, Variance::Row);
-    emitPart("ScoreColumn", "score_column(const ScoreHead &head, long long kv_idx)",
-             outputs[int(Variance::Column)], {{"head", &fromHeadOfColumn}}, Variance::Column);
-    const char *pairSignature =
-        "(const ScoreHead &head, const ScoreRow &row, const ScoreColumn &column, float score) const {\n"
-        "    using namespace ::dflex::sem;\n";
+    const char *sideNames[][2] = {{"ScoreRow", "score_row(const ScoreHead &head, long long q_idx)"},
+                                  {"ScoreColumn", "score_column(const ScoreHead &head, long long kv_idx)"},
+                                  {"ScoreDistance", "score_distance(const ScoreHead &head, int distance)"}};
+    for (int i = 0; i < 3; ++i)
+      emitPart(sideNames[i][0], sideNames[i][1], outputs[int(sides[i])],
+               {{"head", &sideTakes[int(sides[i])][int(Variance::Fixed)]}}, &sideWithin[int(sides[i])]);
+    const char *pairSignature = "(const ScoreHead &head, const ScoreRow &row, const ScoreColumn &column, "
+                                "const ScoreDistance &by_distance, float score) const {\n"
+                                "    using namespace ::dflex::sem;\n";
     const char *names[] = {"score_pair", "score_grad_pair"};
     for (int f = 0; f < 2; ++f) {
       out << "\n  DFLEX_FUNCTOR float " << names[f] << pairSignature;
       declareFromPart("head", pairTakes[f][int(Variance::Fixed)]);
       declareFromPart("row", pairTakes[f][int(Variance::Row)]);
       declareFromPart("column", pairTakes[f][int(Variance::Column)]);
+      declareFromPart("by_distance", pairTakes[f][int(Variance::Distance)]);
       for (size_t n = 0; n < count; ++n)
         if (inPair[f][n])
           emitInstruction(static_cast<int32_t>(n));
       termsInScope.clear();
       out << "    return " << value(returned[f]) << ";\n  }\n";
     }
+    // The distance of two positions below 2^31 fits an int.
     const char *scoreSignature =
         "(float score, long long b, long long h, long long q_idx, long long kv_idx) const {\n";
     for (int f = 0; f < 2; ++f)
       out << "\n  DFLEX_FUNCTOR float " << (f ? "score_mod_grad" : "score_mod") << scoreSignature
           << "    const ScoreHead head = score_head(b, h);\n    return " << names[f]
-          << "(head, score_row(head, q_idx), score_column(head, kv_idx), score);\n  }\n";
+          << "(head, score_row(head, q_idx), score_column(head, kv_idx), score_distance(head, (int)(q_idx - kv_idx)), "
+             "score);\n  }\n";
+    distanceLeaves.clear();
   }
 
   /// The mask as the parts the kernels evaluate once per query row, once per
@@ -486,7 +501,7 @@ private:
 
   /// The operands instruction n's statement reads.
   std::vector<int32_t> operandsRead(int32_t n) const {
-    if (invariantField.count(n))
+    if (invariantField.count(n) || distanceLeaves.count(n))
       return {};
     std::vector<int32_t> read = program.instructions[n].operands;
     if (divisorField.count(n))
@@ -504,18 +519,16 @@ private:
   /// A struct of the `part`'s values and read terms and the function
   /// `signature` that computes them; the struct says when computing them
   /// reads a capture (kReadsMemory, which the kernels' staging reads:
-  /// variant.cuh). With `only`, the function computes the instructions of
-  /// that variance alone and takes the others' values from the parts
-  /// `from` (their struct arguments' names).
+  /// variant.cuh). With `within`, the function computes those instructions
+  /// alone and takes the others' values from the parts `from` (their struct
+  /// arguments' names).
   void emitPart(const char *structName, const char *signature, const PartOutputs &part,
                 const std::vector<std::pair<const char *, const PartOutputs *>> &from = {},
-                std::optional<Variance> only = std::nullopt) {
-    const std::vector<bool> wanted = part.wanted(program);
-    const std::vector<Variance> variance = only ? bodyVariance(program) : std::vector<Variance>();
-    std::vector<bool> live = computing(wanted);
-    if (only)
+                const std::vector<bool> *within = nullptr) {
+    std::vector<bool> live = computing(part.wanted(program));
+    if (within)
       for (size_t n = 0; n < live.size(); ++n)
-        live[n] = live[n] && variance[n] == *only;
+        live[n] = live[n] && (*within)[n];
     std::string members;
     out << "  struct " << structName << " {";
     for (size_t n = 0; n < part.values.size(); ++n)
@@ -621,7 +634,9 @@ private:
     auto srcWidth = [&] { return std::to_string(inst.imm2); };
 
     std::string expression;
-    if (const auto hoisted = invariantField.find(n); hoisted != invariantField.end())
+    if (distanceLeaves.count(n))
+      expression = "distance"; // score_distance's argument: this q_idx - kv_idx, exactly
+    else if (const auto hoisted = invariantField.find(n); hoisted != invariantField.end())
       expression = isFloat ? "slotFloat(" + hoisted->second + ")" : hoisted->second; // packVariant's
     else switch (inst.op) {
     case Opcode::Argument: {
@@ -748,6 +763,9 @@ private:
   std::map<int32_t, std::pair<std::string, bool>> divisorField;
   /// The read terms the function being emitted has from its parts.
   std::set<ReadTerm> termsInScope;
+  /// The instructions that are q_idx - kv_idx itself, while a score_mod's
+  /// split is emitted: score_distance's argument.
+  std::set<int32_t> distanceLeaves;
   /// The hoisted launch-invariant values: their member.
   std::map<int32_t, std::string> invariantField;
   /// The integer values integerRanges proves within 32 bits.

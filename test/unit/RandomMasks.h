@@ -239,8 +239,9 @@ constexpr int kRandomIntervalMasks = 48;
 /// captures: integer values drawn as randomMask draws them, many of b and h
 /// alone (arithmetic on them, reads of `t` at them), turned into floats and
 /// joined with the score by addf, subf, mulf and selects on comparisons, so
-/// that the split into the part of (b, h) and the rest per pair
-/// (Variant.cpp) hands values of every kind from one to the other.
+/// that the split into the parts of (b, h), of a row, of a column, of the
+/// distance q_idx - kv_idx and the rest per pair (Variant.cpp) hands values
+/// of every kind from one to another.
 inline expr::Program randomScoreMod(uint64_t seed) {
   using expr::Opcode;
   using expr::ScalarType;
@@ -255,6 +256,8 @@ inline expr::Program randomScoreMod(uint64_t seed) {
   heads = {values[0], values[1], builder.add(Opcode::Capture, ScalarType::Index, {}, 0),
            builder.add(Opcode::Constant, ScalarType::Index, {}, 1 + below(16))};
   values.insert(values.end(), heads.begin() + 2, heads.end());
+  if (below(2) == 0) // q_idx - kv_idx, a distance the split works out once per distinct value
+    values.push_back(builder.add(Opcode::SubI, ScalarType::Index, {values[2], values[3]}));
   auto pick = [&](const std::vector<int32_t> &from) { return from[below(from.size())]; };
   static const Opcode kArithmetic[] = {Opcode::AddI,  Opcode::SubI,  Opcode::MulI, Opcode::MinSI, Opcode::MaxSI,
                                        Opcode::XOrI, Opcode::DivUI, Opcode::RemUI, Opcode::DivSI};
@@ -300,7 +303,7 @@ inline expr::Program causalMask() {
 }
 
 /// How many random score_mods the test checks.
-constexpr int kRandomScoreMods = 48;
+constexpr int kRandomScoreMods = 96;
 
 } // namespace dflex::test
 

@@ -27,10 +27,20 @@ std::vector<bool> launchInvariant(const expr::Program &program);
 /// Where a value of a mask or score_mod changes inside the kernels' loops.
 /// Values of b, h, captures and constants only are fixed for a thread
 /// (Fixed); the others change with the query row, the key column, or both
-/// (Pair), as a score_mod's score does.
-enum class Variance : uint8_t { Fixed = 0, Row = 1, Column = 2, Pair = 3 };
+/// (Pair), as a score_mod's score does. With `distances`, the difference
+/// q_idx - kv_idx of the positions themselves (at 32 bits or more, so
+/// exact), and values of it and fixed ones alone, change with the distance
+/// (Distance), which the kernels work out once per distinct distance of a
+/// thread's tile.
+enum class Variance : uint8_t { Fixed = 0, Row = 1, Column = 2, Pair = 3, Distance = 4 };
 
-std::vector<Variance> bodyVariance(const expr::Program &program);
+std::vector<Variance> bodyVariance(const expr::Program &program, bool distances = false);
+
+/// Whether instruction n is q_idx - kv_idx of the positions themselves:
+/// a subtraction, at 32 bits or more, of the query's argument and the
+/// key's, or of casts of them at 32 bits or more (the positions are below
+/// 2^31, so these keep them and their difference exact).
+bool isPositionDistance(const expr::Program &program, int32_t n);
 
 /// A signed range [first, second] of an integer value.
 using ValueRange = std::pair<int64_t, int64_t>;

@@ -111,21 +111,31 @@ __device__ __forceinline__ void backward_probabilities(const LogitMap<Variant>& 
                                                        unsigned lse_row, float (&scores)[kBlocks][4],
                                                        unsigned (&p_frag)[kSteps][4]) {
   static_assert(kBlocks == 2 * kSteps, "two 8-query blocks per k-step");
-  // The score parts of the thread's two keys once, of each query pair once per block.
-  const typename LogitMap<Variant>::ScoreColumn columns[2] = {logits.score_column(tile.key0),
-                                                              logits.score_column(tile.key0 + 8)};
+  // The score parts of the thread's two keys once, of each query pair once
+  // per block, and of each distance once: element (b, e) is at distance
+  // q_start + col_pair - key0 + 8 * (b - e / 2) + e % 2, so a block's second
+  // key sees the distances of the block before's first.
+  using Logits = LogitMap<Variant>;
+  const typename Logits::ScoreColumn columns[2] = {logits.score_column(tile.key0), logits.score_column(tile.key0 + 8)};
+  const int distance0 = tile.q_start + tile.col_pair - tile.key0;
+  typename Logits::ScoreDistance second_key[2] = {logits.score_distance(distance0 - 8),
+                                                  logits.score_distance(distance0 - 7)};
 #pragma unroll
   for (int b = 0; b < kBlocks; ++b) {
     const int col = 8 * b + tile.col_pair;
     const float2 lse = load_shared_f32x2(lse_row + 4 * col);
     const float lse_log2[2] = {lse_exponent_offset(lse.x), lse_exponent_offset(lse.y)};
-    const typename LogitMap<Variant>::ScoreRow rows[2] = {logits.score_row(tile.q_start + col),
-                                                          logits.score_row(tile.q_start + col + 1)};
+    const typename Logits::ScoreRow rows[2] = {logits.score_row(tile.q_start + col),
+                                               logits.score_row(tile.q_start + col + 1)};
+    const typename Logits::ScoreDistance first_key[2] = {logits.score_distance(distance0 + 8 * b),
+                                                         logits.score_distance(distance0 + 8 * b + 1)};
     float p[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float exponentiated = fast_exp2(logits.logit(scores[b][e], rows[e & 1], columns[e >> 1]) - lse_log2[e & 1]);
-      const float factor = exponentiated * logits.logit_grad(scores[b][e], rows[e & 1], columns[e >> 1]);
+      const typename Logits::ScoreDistance& distance = (e >> 1) ? second_key[e & 1] : first_key[e & 1];
+      const float exponentiated =
+          fast_exp2(logits.logit(scores[b][e], rows[e & 1], columns[e >> 1], distance) - lse_log2[e & 1]);
+      const float factor = exponentiated * logits.logit_grad(scores[b][e], rows[e & 1], columns[e >> 1], distance);
       if constexpr (kChecked) {
         const bool visible = (shown >> (4 * b + e)) & 1;
         p[e] = visible ? exponentiated : 0.f;
@@ -137,6 +147,8 @@ __device__ __forceinline__ void backward_probabilities(const LogitMap<Variant>& 
     }
     p_frag[b / 2][2 * (b & 1)] = ElementTraits<Element>::pack(p[0], p[1]);
     p_frag[b / 2][2 * (b & 1) + 1] = ElementTraits<Element>::pack(p[2], p[3]);
+    second_key[0] = first_key[0];
+    second_key[1] = first_key[1];
   }
 }
 

@@ -73,11 +73,13 @@ dflex.attention @layer mask @window score_mod @softcap heads(8, 2) head_dim(64, 
 // CHECK:         const float [[CAP]] = slotFloat(cap2_cap);
 // CHECK:         const float [[ONE]] = 1.000000000e+00f;
 // CHECK:         return ScoreHead{[[CAP]], [[ONE]], [[INV]]};
-// Nothing of the softcap depends on a row or a column alone.
+// Nothing of the softcap depends on a row, a column or the distance alone.
 // CHECK:       struct ScoreRow { };
 // CHECK-LABEL: ScoreRow score_row(const ScoreHead &head, long long q_idx) const {
 // CHECK:       struct ScoreColumn { };
-// CHECK-LABEL: float score_pair(const ScoreHead &head, const ScoreRow &row, const ScoreColumn &column, float score) const {
+// CHECK:       struct ScoreDistance { };
+// CHECK-LABEL: ScoreDistance score_distance(const ScoreHead &head, int distance) const {
+// CHECK-LABEL: float score_pair(const ScoreHead &head, const ScoreRow &row, const ScoreColumn &column, const ScoreDistance &by_distance, float score) const {
 // CHECK:         const float [[CAP]] = head.[[CAP]];
 // CHECK-NOT:     slotFloat
 // CHECK:         = tanhf_(v{{[0-9]+}}, 0);
@@ -91,10 +93,10 @@ dflex.attention @layer mask @window score_mod @softcap heads(8, 2) head_dim(64, 
 // CHECK:         return v{{[0-9]+}};
 // CHECK-LABEL: float score_mod(float score,
 // CHECK-NEXT:    const ScoreHead head = score_head(b, h);
-// CHECK-NEXT:    return score_pair(head, score_row(head, q_idx), score_column(head, kv_idx), score);
+// CHECK-NEXT:    return score_pair(head, score_row(head, q_idx), score_column(head, kv_idx), score_distance(head, (int)(q_idx - kv_idx)), score);
 // CHECK-LABEL: float score_mod_grad(float score,
 // CHECK-NEXT:    const ScoreHead head = score_head(b, h);
-// CHECK-NEXT:    return score_grad_pair(head, score_row(head, q_idx), score_column(head, kv_idx), score);
+// CHECK-NEXT:    return score_grad_pair(head, score_row(head, q_idx), score_column(head, kv_idx), score_distance(head, (int)(q_idx - kv_idx)), score);
 
 // CHECK:       // The configs of the arch this binary is compiled for.
 // CHECK-NEXT:  using Configs = ::dflex::kernels::DefaultAttentionConfigs<__nv_bfloat16, 64, ::dflex::kernels::kCompiledComputeCapability>;

@@ -270,12 +270,13 @@ TEST(Codegen, RandomMasksMatchTheInterpreterPartByPart) {
 
 TEST(Codegen, RandomScoreModsMatchTheInterpreterThroughTheirParts) {
   // score_head sees neither the score nor q_idx nor kv_idx, score_row no
-  // kv_idx, score_column no q_idx (their signatures), so agreeing with the
+  // kv_idx, score_column no q_idx, score_distance only q_idx - kv_idx
+  // (their signatures), so agreeing with the
   // interpreter, score and derivative, on every pair shows each value went
   // to a part that has what it depends on.
   ASSERT_EQ(std::size(kRandomScoreModVariants), size_t(test::kRandomScoreMods));
   std::mt19937_64 rng(13);
-  int withHead = 0, withReadTerms = 0, withRow = 0, withColumn = 0;
+  int withHead = 0, withReadTerms = 0, withRow = 0, withColumn = 0, withDistance = 0;
   for (const GeneratedRandomScoreMod &generated : kRandomScoreModVariants) {
     expr::Program scoreMod = test::randomScoreMod(generated.seed);
     SCOPED_TRACE(scoreMod.name);
@@ -291,6 +292,7 @@ TEST(Codegen, RandomScoreModsMatchTheInterpreterThroughTheirParts) {
     withReadTerms += source.find("_at0 = head.") != std::string::npos; // u[head value, pair value]
     withRow += source.find("struct ScoreRow { };") == std::string::npos;
     withColumn += source.find("struct ScoreColumn { };") == std::string::npos;
+    withDistance += source.find("struct ScoreDistance { };") == std::string::npos;
     for (int round = 0; round < 4; ++round) {
       RandomCaptures captures = randomCaptures(layout.value(), rng);
       const auto variant = packedVariant(layout.value(), captures, causal, &scoreMod, generated.size);
@@ -315,10 +317,11 @@ TEST(Codegen, RandomScoreModsMatchTheInterpreterThroughTheirParts) {
   // memory; some read u per pair at a head's index, whose term the head
   // part works out.
   EXPECT_GT(withHead, test::kRandomScoreMods / 3);
-  EXPECT_GE(withReadTerms, 3) << withReadTerms;
+  EXPECT_GE(withReadTerms, 5) << withReadTerms;
   // And many hand values of a row or a column alone to the pair.
-  EXPECT_GE(withRow, 8) << withRow;
-  EXPECT_GE(withColumn, 8) << withColumn;
+  EXPECT_GE(withRow, 15) << withRow;
+  EXPECT_GE(withColumn, 15) << withColumn;
+  EXPECT_GE(withDistance, 10) << withDistance;
 }
 
 TEST(Codegen, KeyIntervalsKeepTheMask) {

@@ -147,11 +147,13 @@ int main(int argc, char **argv) {
         << "inline float scoreMod(const void *v, float s, long long b, long long h, long long q, long long kv) {\n"
            "  const Variant &variant = *static_cast<const Variant *>(v);\n"
            "  const auto head = variant.score_head(b, h);\n"
-           "  return variant.score_pair(head, variant.score_row(head, q), variant.score_column(head, kv), s);\n}\n"
+           "  return variant.score_pair(head, variant.score_row(head, q), variant.score_column(head, kv),\n"
+           "                            variant.score_distance(head, (int)(q - kv)), s);\n}\n"
            "inline float scoreModGrad(const void *v, float s, long long b, long long h, long long q, long long kv) {\n"
            "  const Variant &variant = *static_cast<const Variant *>(v);\n"
            "  const auto head = variant.score_head(b, h);\n"
-           "  return variant.score_grad_pair(head, variant.score_row(head, q), variant.score_column(head, kv), s);\n}\n"
+           "  return variant.score_grad_pair(head, variant.score_row(head, q), variant.score_column(head, kv),\n"
+           "                                 variant.score_distance(head, (int)(q - kv)), s);\n}\n"
         << "} // namespace " << ns << "\n\n";
     table << "    {" << seed << ", sizeof(" << ns << "::Variant), " << ns << "::scoreMod, " << ns
           << "::scoreModGrad},\n";
