@@ -61,6 +61,7 @@ run them, autotuning included.
 
 import glob
 import json
+import math
 import os
 import sys
 import tempfile
@@ -343,6 +344,15 @@ def user_masks(t):
     distance = 128
     table = torch.randn(16, 2 * distance + 1, generator=generator)
     table_gpu = table.to(dev)
+    t5_table = torch.randn(16, 32, generator=generator)
+    t5_table_gpu, t5_max_distance = t5_table.to(dev), 128.0
+
+    def t5_bias(s, b, h, q, kv):  # bench/specs/t5_log_bucket.mlir
+        distance = (q - kv).clamp(min=0)
+        log_ratio = torch.log(distance.float() / 16.0) / math.log(t5_max_distance / 16.0)
+        far = (16 + (log_ratio * (t5_table.shape[1] - 16)).to(torch.int64)).clamp(max=t5_table.shape[1] - 1)
+        return s + t5_table_gpu[h, torch.where(distance < 16, distance, far)]
+
     temperature = torch.rand(1, t, generator=generator) + 0.5
     key_bias = torch.randn(1, t, generator=generator)
     temperature_gpu, key_bias_gpu = temperature.to(dev), key_bias.to(dev)
@@ -366,6 +376,8 @@ def user_masks(t):
          lambda s, b, h, q, kv: s + table_gpu[h, (q - kv + distance).clamp(0, 2 * distance)]),
         ("position_scale", "position_scale", "position_scale_attention", 16, 4, 128, [temperature, key_bias],
          causal, lambda s, b, h, q, kv: s * temperature_gpu[b, q] + key_bias_gpu[b, kv]),
+        ("t5_log_bucket", "t5_log_bucket", "t5_log_bucket_attention", 16, 4, 128,
+         [t5_table, torch.tensor(t5_max_distance, dtype=torch.float32)], causal, t5_bias),
     ]
 
 
