@@ -53,7 +53,15 @@ public:
     return append(std::move(inst));
   }
   int32_t orZero(int32_t d) { return d < 0 ? constant(0.0f) : d; }
-  int32_t mul(int32_t a, int32_t b) { return op(Opcode::MulF, {a, b}); }
+  /// a * b; a factor that is the builder's 1.0 drops out (x * 1 is x
+  /// exactly), so d(score)/d(score) = 1 costs nothing downstream.
+  int32_t mul(int32_t a, int32_t b) {
+    if (isOne(a))
+      return b;
+    if (isOne(b))
+      return a;
+    return op(Opcode::MulF, {a, b});
+  }
   int32_t add(int32_t a, int32_t b) {
     if (a < 0)
       return b;
@@ -65,6 +73,10 @@ public:
   int32_t scale(int32_t factor, int32_t d) { return d < 0 ? -1 : mul(factor, d); }
 
 private:
+  bool isOne(int32_t value) const {
+    auto it = constants.find(1.0f);
+    return it != constants.end() && it->second == value;
+  }
   int32_t append(Instruction inst) {
     program.instructions.push_back(std::move(inst));
     return static_cast<int32_t>(program.instructions.size() - 1);

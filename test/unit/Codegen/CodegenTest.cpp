@@ -17,6 +17,7 @@
 #include "dflex/Codegen/SplitCongruences.h"
 #include "dflex/Codegen/Variant.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -510,6 +511,30 @@ TEST(Codegen, DerivativeRules) {
   }
 }
 
+TEST(Codegen, DerivativesTakeNoProductWithOne) {
+  // d(exp(s * t))/ds = exp(s * t) * (t * 1): the rules' factor 1 (the
+  // score's own derivative) drops out, leaving one product, not two; so a
+  // score scaled by a row's factor has that factor itself as its derivative.
+  auto loaded = test::LoadedModule::fromString(R"(
+    dflex.score_mod @f(%s: f32, %b: index, %h: index, %q: index, %kv: index) {
+      %t = arith.constant 0.75 : f32
+      %r = arith.mulf %s, %t : f32
+      %e = math.exp %r : f32
+      dflex.yield %e : f32
+    })");
+  expr::Program program = loaded.program("f");
+  ASSERT_TRUE(codegen::appendScoreDerivative(program).ok());
+  const auto products = std::count_if(program.instructions.begin(), program.instructions.end(),
+                                      [](const expr::Instruction &inst) { return inst.op == expr::Opcode::MulF; });
+  EXPECT_EQ(products, 2) << "s * t, and exp(s * t) * t";
+  expr::Program derivative = program;
+  derivative.result = program.scoreDerivative;
+  std::vector<Value> scratch;
+  for (float s : {-2.0f, 0.3f, 1.7f})
+    EXPECT_FLOAT_EQ(expr::evaluateScoreMod(derivative, s, 0, 0, 0, 0, {}, scratch), std::exp(s * 0.75f) * 0.75f)
+        << "s = " << s;
+}
+
 TEST(Codegen, NonDifferentiableOpsAreRejectedWithTheirLocation) {
   auto loaded = test::LoadedModule::fromString(R"(
     dflex.score_mod @f(%s: f32, %b: index, %h: index, %q: index, %kv: index) {
@@ -712,11 +737,12 @@ TEST(Codegen, DivisionsByLaunchInvariantsGetADivisorSlot) {
 }
 
 TEST(Codegen, LaunchInvariantValuesAreComputedOnTheHost) {
-  // The window (a product of captures), the scale (a log of a size over a
-  // captured float) and the score_mod's derivative (the scale again, as the
-  // derivative program computes it) become members the host fills; the
-  // kernels keep no multiplication of the captures and no log. The emitted
-  // variant against the interpreter: EmittedVariantsMatchTheInterpreter.
+  // The window (a product of captures) and the scale (a log of a size over a
+  // captured float) become members the host fills; the score_mod's
+  // derivative is the scale itself (d(score)/d(score) = 1 drops out of the
+  // product). The kernels keep no multiplication of the captures and no log.
+  // The emitted variant against the interpreter:
+  // EmittedVariantsMatchTheInterpreter.
   auto loaded = test::LoadedModule::fromFile(std::string(DFLEX_CODEGEN_TEST_DIR) + "/launch_invariants.mlir");
   ASSERT_TRUE(loaded.module);
   expr::Program mask = loaded.program("scaled_window");
@@ -725,24 +751,23 @@ TEST(Codegen, LaunchInvariantValuesAreComputedOnTheHost) {
   auto layout = codegen::layoutVariant(mask, &scoreMod);
   ASSERT_TRUE(layout.ok()) << layout.error();
   const codegen::VariantLayout &slots = layout.value();
-  ASSERT_EQ(slots.invariants.size(), 3u);
-  const codegen::InvariantSlot &window = slots.invariants[0], &scale = slots.invariants[1],
-                               &derivative = slots.invariants[2];
+  ASSERT_EQ(slots.invariants.size(), 2u);
+  const codegen::InvariantSlot &window = slots.invariants[0], &scale = slots.invariants[1];
   EXPECT_FALSE(window.inScoreMod);
   EXPECT_FALSE(window.isFloat);
   EXPECT_TRUE(scale.inScoreMod && scale.isFloat);
-  EXPECT_EQ(derivative.instruction, scoreMod.scoreDerivative);
+  EXPECT_EQ(scale.instruction, scoreMod.scoreDerivative);
   ASSERT_EQ(slots.divisors.size(), 2u) << "the bias row and column are remainders by sizes";
   // Mask slots first: its captures, then its invariant; the score_mod's after.
   EXPECT_EQ(window.offsetBytes, 16);
   EXPECT_LT(window.offsetBytes, slots.find("temperature")->offsetBytes);
-  EXPECT_EQ(derivative.offsetBytes + codegen::InvariantSlot::kSizeBytes, slots.sizeBytes);
+  EXPECT_EQ(scale.offsetBytes + codegen::InvariantSlot::kSizeBytes, slots.sizeBytes);
 
   const std::string source = codegen::emitVariant("Invariants", slots, mask, &scoreMod);
   EXPECT_EQ(source.find("logf_("), std::string::npos) << source;
   EXPECT_EQ(source.find("muli("), std::string::npos) << source;
   EXPECT_NE(source.find("slotFloat(" + scale.field + ")"), std::string::npos) << source;
-  EXPECT_NE(source.find("return v" + std::to_string(derivative.instruction) + ";"), std::string::npos) << source;
+  EXPECT_NE(source.find("return v" + std::to_string(scale.instruction) + ";"), std::string::npos) << source;
 
   for (const auto &[span, stride, temperature] :
        {std::tuple{int64_t(48), int64_t(3), 0.5f}, std::tuple{int64_t(-5), INT64_MAX, -2.0f}}) {
@@ -755,13 +780,11 @@ TEST(Codegen, LaunchInvariantValuesAreComputedOnTheHost) {
                                       mask, &scoreMod);
     ASSERT_TRUE(bytes.ok()) << bytes.error();
     int64_t packedWindow;
-    uint32_t packedScale, packedDerivative;
+    uint32_t packedScale;
     std::memcpy(&packedWindow, bytes.value().data() + window.offsetBytes, 8);
     std::memcpy(&packedScale, bytes.value().data() + scale.offsetBytes, 4);
-    std::memcpy(&packedDerivative, bytes.value().data() + derivative.offsetBytes, 4);
     EXPECT_EQ(packedWindow, sem::muli(span, stride, 64)) << "the product wraps as on the GPU";
     EXPECT_EQ(packedScale, sem::floatBits(sem::divf(sem::logf_(42.0f, 0), temperature, 0)));
-    EXPECT_EQ(packedDerivative, packedScale);
   }
 }
 
