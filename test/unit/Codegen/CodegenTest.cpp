@@ -56,6 +56,13 @@ using expr::Value;
 
 namespace {
 
+/// A score_mod with its derivative appended, evaluated as its derivative.
+expr::Program derivativeOf(const expr::Program &scoreMod) {
+  expr::Program derivative = scoreMod;
+  derivative.result = scoreMod.scoreDerivative;
+  return derivative;
+}
+
 /// Random capture values; the storage outlives the views.
 struct RandomCaptures {
   std::vector<std::vector<uint8_t>> storage;
@@ -198,8 +205,7 @@ TEST(Codegen, EmittedVariantsMatchTheInterpreter) {
         float s = std::uniform_real_distribution<float>(-80, 80)(rng);
         float expected = expr::evaluateScoreMod(*scoreMod, s, b, h, q, kv, modCaptures, scratch);
         ASSERT_TRUE(sameFloat(generated.scoreMod(variant->data(), s, b, h, q, kv), expected));
-        expr::Program derivative = *scoreMod;
-        derivative.result = derivative.scoreDerivative;
+        const expr::Program derivative = derivativeOf(*scoreMod);
         float grad = generated.scoreModGrad(variant->data(), s, b, h, q, kv);
         ASSERT_TRUE(sameFloat(grad, expr::evaluateScoreMod(derivative, s, b, h, q, kv,
                                                            modCaptures, scratch)));
@@ -282,8 +288,7 @@ TEST(Codegen, RandomScoreModsMatchTheInterpreterThroughTheirParts) {
     expr::Program scoreMod = test::randomScoreMod(generated.seed);
     SCOPED_TRACE(scoreMod.name);
     ASSERT_TRUE(codegen::appendScoreDerivative(scoreMod).ok());
-    expr::Program derivative = scoreMod;
-    derivative.result = derivative.scoreDerivative;
+    const expr::Program derivative = derivativeOf(scoreMod);
     const expr::Program causal = test::causalMask();
     auto layout = codegen::layoutVariant(causal, &scoreMod);
     ASSERT_TRUE(layout.ok()) << layout.error();
@@ -498,8 +503,7 @@ TEST(Codegen, DerivativeRules) {
     })");
   expr::Program program = loaded.program("f");
   ASSERT_TRUE(codegen::appendScoreDerivative(program).ok());
-  expr::Program derivative = program;
-  derivative.result = program.scoreDerivative;
+  const expr::Program derivative = derivativeOf(program);
   std::vector<Value> scratch;
   for (float s : {-1.3f, -0.4f, 0.2f, 0.9f, 1.1f}) {
     double h = 1e-3;
@@ -527,8 +531,7 @@ TEST(Codegen, DerivativesTakeNoProductWithOne) {
   const auto products = std::count_if(program.instructions.begin(), program.instructions.end(),
                                       [](const expr::Instruction &inst) { return inst.op == expr::Opcode::MulF; });
   EXPECT_EQ(products, 2) << "s * t, and exp(s * t) * t";
-  expr::Program derivative = program;
-  derivative.result = program.scoreDerivative;
+  const expr::Program derivative = derivativeOf(program);
   std::vector<Value> scratch;
   for (float s : {-2.0f, 0.3f, 1.7f})
     EXPECT_FLOAT_EQ(expr::evaluateScoreMod(derivative, s, 0, 0, 0, 0, {}, scratch), std::exp(s * 0.75f) * 0.75f)
