@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a dflex attention call's time goes, on the DFlash training shape.
 
-usage: attention_profile.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--kernels CHOICE] [--mask document]
+usage: attention_profile.py LIBDFLEX_TORCH_OPS BUNDLES_DIR [--kernels CHOICE] [--mask document|chunked]
 
 Runs forward+backward of the op under torch.profiler and prints, per step,
 the GPU time of each kernel (and copy/memset), their sum, and the step's
@@ -11,9 +11,12 @@ captures already on the host (as a data loader hands them over) and with
 captures on the device (the op copies them to the host for its tile lists).
 --mask document profiles the document mask instead (8192 tokens, 32/8
 heads, documents of 40 to 799 tokens, as attention_bench.py --masks draws
-them), the mask whose op time was furthest from its kernels' time; both
-masks also time the forward alone, with and without autograd (which adds
-the backward's tile list to the forward call).
+them), the mask whose op time was furthest from its kernels' time;
+--mask chunked the chunked causal mask at 8 query and 2 key/value heads
+(8192 tokens, a captured chunk of 300, as attention_bench.py --masks),
+whose kernels are short enough for the host's work per call to show. Each
+also times the forward alone, with and without autograd (which adds the
+backward's tile list to the forward call).
 """
 
 import os
@@ -34,14 +37,22 @@ BLOCK, ANCHORS, CONTEXT = 16, 512, 8192
 STEPS = 5
 
 torch.manual_seed(0)
-if "--mask" in sys.argv and sys.argv[sys.argv.index("--mask") + 1] == "document":
+MASK = sys.argv[sys.argv.index("--mask") + 1] if "--mask" in sys.argv else "dflash"
+heads, kv_heads = 32, 8
+if MASK == "document":
     tq = tkv = 8192
     lengths = torch.randint(40, 800, (tq,), generator=torch.Generator().manual_seed(tq))
     ids = torch.repeat_interleave(torch.arange(tq, dtype=torch.int32), lengths)[:tq][None]
     bundle, spec = os.path.join(BUNDLES, "document_mask"), "document_attention"
     host_captures, device_captures = [ids], [ids.to(dev)]
-elif "--mask" in sys.argv:
-    sys.exit("--mask takes 'document'")
+elif MASK == "chunked":
+    tq = tkv = 8192
+    heads, kv_heads = 8, 2
+    bundle, spec = os.path.join(BUNDLES, "chunked_causal"), "chunked_causal_attention"
+    chunk = torch.tensor(300, dtype=torch.int64)
+    host_captures, device_captures = [chunk], [chunk.to(dev)]
+elif MASK != "dflash":
+    sys.exit("--mask takes 'document' or 'chunked'")
 else:
     anchors = torch.sort(torch.randperm(CONTEXT - 1, device=dev)[:ANCHORS] + 1).values.to(torch.int32)
     tq, tkv = ANCHORS * BLOCK, CONTEXT + ANCHORS * BLOCK
@@ -50,10 +61,10 @@ else:
     context = torch.tensor(CONTEXT, dtype=torch.int64)
     host_captures = [anchors[None].cpu(), context_start, context]
     device_captures = [anchors[None], context_start.to(dev), context]
-q = torch.randn(1, tq, 32, 128, device=dev, dtype=dt, requires_grad=True)
-k = torch.randn(1, tkv, 8, 128, device=dev, dtype=dt, requires_grad=True)
-v = torch.randn(1, tkv, 8, 128, device=dev, dtype=dt, requires_grad=True)
-do = torch.randn(1, tq, 32, 128, device=dev, dtype=dt)
+q = torch.randn(1, tq, heads, 128, device=dev, dtype=dt, requires_grad=True)
+k = torch.randn(1, tkv, kv_heads, 128, device=dev, dtype=dt, requires_grad=True)
+v = torch.randn(1, tkv, kv_heads, 128, device=dev, dtype=dt, requires_grad=True)
+do = torch.randn(1, tq, heads, 128, device=dev, dtype=dt)
 
 
 # The same values in [B, H, T, D] storage, read through [B, T, H, D] views
@@ -75,7 +86,8 @@ def bhtd(t):
 for name, args in (("host captures", (host_captures,)),
                    ("device captures", (device_captures,)),
                    ("host captures, [B,H,T,D] storage", (host_captures, strided, bhtd))):
-    print(f"{name}: fwd+bwd median {median_ms(lambda: step(*args)):.3f} ms", flush=True)
+    print(f"{name}: fwd+bwd median {median_ms(lambda: step(*args)):.3f} ms, "
+          f"back to back {steady_ms(lambda: step(*args)):.3f} ms", flush=True)
 
 
 def forward(captures):

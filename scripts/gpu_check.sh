@@ -104,6 +104,10 @@ step build build_runtime
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step attention_profile_document python3 bench/attention_profile.py build-gpu/runtime/libdflex_torch_ops.so \
     .device/bundles --mask document
+# A mask whose kernels are short (8 query heads): the host's work per call shows.
+[ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
+  step attention_profile_chunked python3 bench/attention_profile.py build-gpu/runtime/libdflex_torch_ops.so \
+    .device/bundles --mask chunked
 # FLA's public source, fetched into a git-ignored folder for the side-by-side baseline.
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] || [ ! -d third_party_bench/fla-src ] ||
   step gated_delta_fla_bench python3 bench/gdn_fla_bench.py third_party_bench/fla-src
@@ -113,7 +117,8 @@ echo "== tables"
 grep -h '^|' "$logs/attention_bench.log" "$logs/attention_bench_masks.log" "$logs/attention_bench_mma_sync.log" \
   "$logs/attention_bench_sm120.log" "$logs/train_bench.log" "$logs/recipe_bench.log" "$logs/recipe_bench_hybrid.log" \
   "$logs/default_run.log" 2>/dev/null
-grep -h -A8 '^| kernel' "$logs/attention_profile.log" "$logs/attention_profile_document.log" 2>/dev/null
+grep -h -A8 '^| kernel' "$logs/attention_profile.log" "$logs/attention_profile_document.log" \
+  "$logs/attention_profile_chunked.log" 2>/dev/null
 grep -h '"impl": "fla"' "$logs/gated_delta_fla_bench.log" 2>/dev/null
 grep -hiE 'ms|x ' "$logs/gated_delta_kernels.log" 2>/dev/null | tail -n 8
 echo
