@@ -111,6 +111,35 @@ struct LogitMap {
     else return distance;
   }
 
+  // The distance parts of a thread's score fragment, block by block: its
+  // element (j, i) pairs a fixed index with a varying one at distance
+  // distance0 + kSign * (8 * j + i % 2 - 8 * (i / 2)) (kSign -1: rows
+  // fixed, keys varying, as in a score tile; +1: keys fixed, as in the Hopper
+  // backward's S^T). Block j's elements with i / 2 == 1 sit at the distances
+  // of block j - 1's with i / 2 == 0, so each block works out two: enter(j)
+  // in ascending j, then of(i).
+  template <int kSign>
+  struct BlockDistances {
+    const LogitMap& logits;
+    int distance0;
+    ScoreDistance first[2];   // block j's elements i / 2 == 0
+    ScoreDistance second[2];  // its elements i / 2 == 1: block j - 1's first
+    __device__ __forceinline__ BlockDistances(const LogitMap& logits_, int distance0_)
+        : logits(logits_), distance0(distance0_) {
+      second[0] = logits.score_distance(distance0 - 8 * kSign);
+      second[1] = logits.score_distance(distance0 - 7 * kSign);
+    }
+    __device__ __forceinline__ void enter(int j) {
+      if (j > 0) {
+        second[0] = first[0];
+        second[1] = first[1];
+      }
+      first[0] = logits.score_distance(distance0 + kSign * 8 * j);
+      first[1] = logits.score_distance(distance0 + kSign * (8 * j + 1));
+    }
+    __device__ __forceinline__ const ScoreDistance& of(int i) const { return (i >> 1) ? second[i & 1] : first[i & 1]; }
+  };
+
   // Logit of an in-range pair (its row's, column's and distance's score
   // parts), in log2 units.
   __device__ __forceinline__ float logit(float dot, const ScoreRow& row, const ScoreColumn& column,
@@ -297,15 +326,13 @@ struct LogitMap {
   // pair shown. The thread's two rows' score parts come worked out
   // (score_rows); each column pair's are worked out once per key block, or
   // with kScoreStaged taken from `staged_columns` (the warp's array at the
-  // thread's first key, store_score_parts); each distance's once: element
-  // (j, i) is at distance q0 - kv0 + 8 * (i / 2 - j) - i % 2, so a key
-  // block's second row sees the distances of the block before's first.
+  // thread's first key, store_score_parts); each distance's once
+  // (BlockDistances).
   template <bool kChecked, bool kScoreStaged, int kBlocks>
   __device__ __forceinline__ void apply_shown(float (&scores)[kBlocks][4], unsigned long long bits,
                                               const ScoreRow (&rows)[2], int q0, int kv0,
                                               const ScoreColumn* staged_columns) const {
-    const int distance0 = q0 - kv0;
-    ScoreDistance second_row[2] = {score_distance(distance0 + 8), score_distance(distance0 + 7)};
+    BlockDistances<-1> distances(*this, q0 - kv0);
 #pragma unroll
     for (int j = 0; j < kBlocks; ++j) {
       ScoreColumn columns[2];
@@ -316,15 +343,12 @@ struct LogitMap {
         columns[0] = score_column(kv0 + 8 * j);
         columns[1] = score_column(kv0 + 8 * j + 1);
       }
-      const ScoreDistance first_row[2] = {score_distance(distance0 - 8 * j), score_distance(distance0 - 8 * j - 1)};
+      distances.enter(j);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const ScoreDistance& distance = (i >> 1) ? second_row[i & 1] : first_row[i & 1];
-        const float operand = exponent_operand(scores[j][i], rows[i >> 1], columns[i & 1], distance);
+        const float operand = exponent_operand(scores[j][i], rows[i >> 1], columns[i & 1], distances.of(i));
         scores[j][i] = !kChecked || ((bits >> (4 * j + i)) & 1) ? operand : negative_infinity();
       }
-      second_row[0] = first_row[0];
-      second_row[1] = first_row[1];
     }
   }
 
