@@ -127,6 +127,8 @@ __device__ __forceinline__ void backward_gradients(const LogitMap<Variant>& logi
   // per key block, and of each distance once (as LogitMap::apply_shown).
   // The distances are the unclamped pairs': a clamped pair is hidden.
   const typename Logits::ScoreRow rows[2] = {logits.score_row(row_of(q0)), logits.score_row(row_of(q0 + 8))};
+  // Rolled here rather than by LogitMap::BlockDistances, whose form made this
+  // kernel 3% slower (relative_bias, sm_120's configs on an H100).
   const int distance0 = q0 - kv0;
   typename Logits::ScoreDistance second_row[2] = {logits.score_distance(distance0 + 8),
                                                   logits.score_distance(distance0 + 7)};

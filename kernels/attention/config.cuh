@@ -138,8 +138,8 @@ constexpr int kCompiledComputeCapability = __CUDA_ARCH__ / 10;
 template <class Element, int kComputeCapability>
 struct DefaultAttentionConfigs<Element, 64, kComputeCapability> {
   using Forward = typename Select<(kComputeCapability >= 120),
-                                  AttentionForwardConfig<Element, 64, 64, 64, 4,
-                                                         ForwardPipeline::kSharedQueryEarlyKey>,  // 24 KB
+                                  AttentionForwardConfig<Element, 64, 64, 128, 4,
+                                                         ForwardPipeline::kRegisterQuery>,  // 48 KB
                                   AttentionForwardConfig<Element, 64, 128, 64, 4>>::Type;  // 32 KB
   using Backward = AttentionBackwardConfig<Element, 64, 64, 64, 4, 32>;                // 48.5 KB
 };

@@ -95,6 +95,14 @@ __global__ void __launch_bounds__(Config::kThreads)
       VaryingPartsStage<Variant, false, kBlockN, Config::kWarps, portable_stage_bytes(Config::kSharedBytes)>;
   __shared__ ColumnStage column_stage;
   typename VisibilitySides<Variant, false>::Varying* warp_columns = column_stage.of_warp(thread >> 5);
+  // The score_mod's column parts of each key tile, per warp (LogitMap::fetch_score_parts).
+  using ScoreStage = ScorePartsStage<Variant, false, kBlockN, Config::kWarps,
+                                      portable_stage_bytes(Config::kSharedBytes) - ColumnStage::kUsedBytes>;
+  __shared__ ScoreStage score_column_stage;
+  typename ScoreStage::Part* warp_score_columns = score_column_stage.of_warp(thread >> 5);
+  typename LogitMap<Variant>::ScoreRow score_rows[kMAtoms][2];
+#pragma unroll
+  for (int m = 0; m < kMAtoms; ++m) logits.score_rows(thread_q + 16 * m, shape.q_len, score_rows[m]);
 
   // The K buffer of list entry `index` (kRegisterQuery: the two alternate).
   auto key_buffer = [&](int index) { return kRegisterQuery && ((index - first) & 1) ? second_k_tile : k_tile; };
@@ -128,6 +136,8 @@ __global__ void __launch_bounds__(Config::kThreads)
 
     const bool checked = tile_entry_partial(entry) || query_edge || kv_rows < kBlockN;
     if (tile_entry_partial(entry)) logits.template stage_varying<kBlockN, false, ColumnStage::kUsed>(warp_columns, kv_start, shape.q_len, shape.kv_len, lane);
+    typename ScoreStage::Fetched fetched;
+    logits.template fetch_score_parts<false, kBlockN, ScoreStage::kUsed>(kv_start, shape.kv_len, lane, fetched);
     float scores[kMAtoms][kScoreBlocks][4];
 #pragma unroll
     for (int m = 0; m < kMAtoms; ++m) zero(scores[m]);
@@ -143,10 +153,12 @@ __global__ void __launch_bounds__(Config::kThreads)
       load_next_keys(index);
     }
 
+    logits.template store_score_parts<kBlockN, ScoreStage::kUsed>(fetched, lane, warp_score_columns);
 #pragma unroll
     for (int m = 0; m < kMAtoms; ++m) {
-      logits.template apply<ColumnStage::kUsed>(scores[m], checked, tile_entry_partial(entry), thread_q + 16 * m, kv_start + 2 * (lane & 3),
-                   shape.q_len, shape.kv_len, warp_columns + 2 * (lane & 3));
+      logits.template apply<ColumnStage::kUsed, ScoreStage::kUsed>(
+          scores[m], checked, tile_entry_partial(entry), score_rows[m], thread_q + 16 * m, kv_start + 2 * (lane & 3),
+          shape.q_len, shape.kv_len, warp_columns + 2 * (lane & 3), warp_score_columns + 2 * (lane & 3));
       // Online softmax, the exponent bases moved lazily (move_exponent_bases).
       float tile_max[2];
       exponent_tile_max(scores[m], row_max[m], exponent_scale, tile_max);

@@ -54,12 +54,14 @@ struct VisibilitySides<Variant, false, true> {
 // Static shared memory for the varying side's parts of kCount consecutive
 // indices, one array per warp of kWarps (LogitMap::stage_varying), used
 // (kUsed) where the variant's parts are staged and the arrays fit in the
-// kBytesFree bytes the kernel's block has left; else a single unused element.
+// kBytesFree bytes the kernel's block has left; else a single element, never
+// read, which the compiler leaves out of the block's shared memory.
 template <class Variant, bool kKeysFixed, int kCount, int kWarps, int kBytesFree>
 struct VaryingPartsStage {
   using Part = typename VisibilitySides<Variant, kKeysFixed>::Varying;
   static constexpr int kWantedBytes = int(sizeof(Part)) * kWarps * kCount;
   static constexpr bool kUsed = VisibilitySides<Variant, kKeysFixed>::kStaged && kWantedBytes <= kBytesFree;
+  static constexpr int kUsedBytes = kUsed ? kWantedBytes : 0;  // an unused stage is never read: no shared memory
   Part parts[kUsed ? kWarps : 1][kUsed ? kCount : 1];
   __device__ __forceinline__ Part* of_warp(int warp) { return parts[kUsed ? warp : 0]; }
 };
@@ -108,6 +110,35 @@ struct LogitMap {
     if constexpr (kSplitScore) return variant.score_distance(score_head, distance);
     else return distance;
   }
+
+  // The distance parts of a thread's score fragment, block by block: its
+  // element (j, i) pairs a fixed index with a varying one at distance
+  // distance0 + kSign * (8 * j + i % 2 - 8 * (i / 2)) (kSign -1: rows
+  // fixed, keys varying, as in a score tile; +1: keys fixed, as in the Hopper
+  // backward's S^T). Block j's elements with i / 2 == 1 sit at the distances
+  // of block j - 1's with i / 2 == 0, so each block works out two: enter(j)
+  // in ascending j, then of(i).
+  template <int kSign>
+  struct BlockDistances {
+    const LogitMap& logits;
+    int distance0;
+    ScoreDistance first[2];   // block j's elements i / 2 == 0
+    ScoreDistance second[2];  // its elements i / 2 == 1: block j - 1's first
+    __device__ __forceinline__ BlockDistances(const LogitMap& logits_, int distance0_)
+        : logits(logits_), distance0(distance0_) {
+      second[0] = logits.score_distance(distance0 - 8 * kSign);
+      second[1] = logits.score_distance(distance0 - 7 * kSign);
+    }
+    __device__ __forceinline__ void enter(int j) {
+      if (j > 0) {
+        second[0] = first[0];
+        second[1] = first[1];
+      }
+      first[0] = logits.score_distance(distance0 + kSign * 8 * j);
+      first[1] = logits.score_distance(distance0 + kSign * (8 * j + 1));
+    }
+    __device__ __forceinline__ const ScoreDistance& of(int i) const { return (i >> 1) ? second[i & 1] : first[i & 1]; }
+  };
 
   // Logit of an in-range pair (its row's, column's and distance's score
   // parts), in log2 units.
@@ -254,52 +285,111 @@ struct LogitMap {
     }
   }
 
-  // apply() with the visibility worked out beforehand (kChecked) or every
-  // pair shown. The score parts of the thread's two rows once, of each
-  // column pair once per key block, and of each distance once: element
-  // (j, i) is at distance q0 - kv0 + 8 * (i / 2 - j) - i % 2, so a key
-  // block's second row sees the distances of the block before's first.
-  template <bool kChecked, int kBlocks>
-  __device__ __forceinline__ void apply_shown(float (&scores)[kBlocks][4], unsigned long long bits, int q0,
-                                              int kv0) const {
-    const ScoreRow rows[2] = {score_row(q0), score_row(q0 + 8)};
-    const int distance0 = q0 - kv0;
-    ScoreDistance second_row[2] = {score_distance(distance0 + 8), score_distance(distance0 + 7)};
+  // The score parts of a thread's two rows, q0 and q0 + 8 (clamped into
+  // range): a forward's rows stay for all its key tiles, so it works them
+  // out once, before them.
+  __device__ __forceinline__ void score_rows(int q0, int q_len, ScoreRow (&rows)[2]) const {
+    rows[0] = score_row(min(q0, q_len - 1));
+    rows[1] = score_row(min(q0 + 8, q_len - 1));
+  }
+
+  // With kStaged (a ScorePartsStage's kUsed): the score parts of rows
+  // (kRows) or columns first .. first + kCount - 1, clamped below `length`,
+  // kCount / 32 per lane, read into `fetched` before a tile's products, so
+  // that the reads' latency passes under them, and stored into the warp's
+  // `staged` array after (store_score_parts); the kernels then take a
+  // thread's parts from there. Every lane of the warp calls both; without
+  // kStaged they do nothing.
+  template <bool kRows, int kCount, bool kStaged, class Fetched>
+  __device__ __forceinline__ void fetch_score_parts(int first, int length, int lane, Fetched& fetched) const {
+    if constexpr (kStaged) {
+      static_assert(kCount % 32 == 0, "whole parts per lane");
 #pragma unroll
-    for (int j = 0; j < kBlocks; ++j) {
-      const ScoreColumn columns[2] = {score_column(kv0 + 8 * j), score_column(kv0 + 8 * j + 1)};
-      const ScoreDistance first_row[2] = {score_distance(distance0 - 8 * j), score_distance(distance0 - 8 * j - 1)};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const ScoreDistance& distance = (i >> 1) ? second_row[i & 1] : first_row[i & 1];
-        const float operand = exponent_operand(scores[j][i], rows[i >> 1], columns[i & 1], distance);
-        scores[j][i] = !kChecked || ((bits >> (4 * j + i)) & 1) ? operand : negative_infinity();
+      for (int i = 0; i < kCount / 32; ++i) {
+        const int index = min(first + lane + 32 * i, length - 1);
+        if constexpr (kRows) fetched.parts[i] = score_row(index);
+        else fetched.parts[i] = score_column(index);
       }
-      second_row[0] = first_row[0];
-      second_row[1] = first_row[1];
     }
   }
-  template <int kBlocks>
-  __device__ __forceinline__ void apply_visible(float (&scores)[kBlocks][4], unsigned long long bits, int q0,
-                                                int kv0) const {
-    apply_shown<true>(scores, bits, q0, kv0);
+  template <int kCount, bool kStaged, class Fetched, class Part>
+  __device__ __forceinline__ void store_score_parts(const Fetched& fetched, int lane, Part* staged) const {
+    if constexpr (kStaged) {
+      __syncwarp();  // every lane is done with what the array held
+#pragma unroll
+      for (int i = 0; i < kCount / 32; ++i) staged[lane + 32 * i] = fetched.parts[i];
+      __syncwarp();
+    }
+  }
+
+  // apply() with the visibility worked out beforehand (kChecked) or every
+  // pair shown. The thread's two rows' score parts come worked out
+  // (score_rows); each column pair's are worked out once per key block, or
+  // with kScoreStaged taken from `staged_columns` (the warp's array at the
+  // thread's first key, store_score_parts); each distance's once
+  // (BlockDistances).
+  template <bool kChecked, bool kScoreStaged, int kBlocks>
+  __device__ __forceinline__ void apply_shown(float (&scores)[kBlocks][4], unsigned long long bits,
+                                              const ScoreRow (&rows)[2], int q0, int kv0,
+                                              const ScoreColumn* staged_columns) const {
+    BlockDistances<-1> distances(*this, q0 - kv0);
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+      ScoreColumn columns[2];
+      if constexpr (kScoreStaged) {
+        columns[0] = staged_columns[8 * j];
+        columns[1] = staged_columns[8 * j + 1];
+      } else {
+        columns[0] = score_column(kv0 + 8 * j);
+        columns[1] = score_column(kv0 + 8 * j + 1);
+      }
+      distances.enter(j);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float operand = exponent_operand(scores[j][i], rows[i >> 1], columns[i & 1], distances.of(i));
+        scores[j][i] = !kChecked || ((bits >> (4 * j + i)) & 1) ? operand : negative_infinity();
+      }
+    }
   }
 
   // Maps a warp's score accumulators in place to the forwards' exponent
   // operands (exponent_operand; -inf where hidden). Element (j, i) of the thread
-  // is the pair (q0 + 8 * (i / 2), kv0 + 8 * j + i % 2). `checked` selects the
-  // per-pair visibility test (partial tiles and tiles crossing a sequence end);
-  // kStaged and `staged` as for visibility().
-  template <bool kStaged, int kBlocks>
-  __device__ __forceinline__ void apply(float (&scores)[kBlocks][4], bool checked, bool partial, int q0, int kv0,
-                                        int q_len, int kv_len,
-                                        const typename VisibilitySides<Variant, false>::Varying* staged) const {
+  // is the pair (q0 + 8 * (i / 2), kv0 + 8 * j + i % 2), `rows` the score
+  // parts of its two rows (score_rows). `checked` selects the per-pair
+  // visibility test (partial tiles and tiles crossing a sequence end);
+  // kStaged and `staged` as for visibility(), kScoreStaged and
+  // `staged_columns` as for apply_shown().
+  template <bool kStaged, bool kScoreStaged, int kBlocks>
+  __device__ __forceinline__ void apply(float (&scores)[kBlocks][4], bool checked, bool partial,
+                                        const ScoreRow (&rows)[2], int q0, int kv0, int q_len, int kv_len,
+                                        const typename VisibilitySides<Variant, false>::Varying* staged,
+                                        const ScoreColumn* staged_columns) const {
     if (!checked) {
-      apply_shown<false>(scores, ~0ull, q0, kv0);
+      apply_shown<false, kScoreStaged>(scores, ~0ull, rows, q0, kv0, staged_columns);
     } else {
-      apply_visible(scores, visibility<kBlocks, false, kStaged>(partial, q0, kv0, q_len, kv_len, staged), q0, kv0);
+      const unsigned long long bits = visibility<kBlocks, false, kStaged>(partial, q0, kv0, q_len, kv_len, staged);
+      apply_shown<true, kScoreStaged>(scores, bits, rows, q0, kv0, staged_columns);
     }
   }
+};
+
+// Static shared memory for the score_mod's row (kRows) or column parts of
+// kCount consecutive queries or keys, one array per warp of kWarps
+// (LogitMap::fetch_score_parts and store_score_parts), used (kUsed) where
+// that part reads memory and the arrays fit in the kBytesFree bytes the
+// kernel's block has left; else a single element, never read. Fetched: one
+// lane's parts on their way.
+template <class Variant, bool kRows, int kCount, int kWarps, int kBytesFree>
+struct ScorePartsStage {
+  using Logits = LogitMap<Variant>;
+  using Part = typename Select<kRows, typename Logits::ScoreRow, typename Logits::ScoreColumn>::Type;
+  static constexpr int kWantedBytes = int(sizeof(Part)) * kWarps * kCount;
+  static constexpr bool kUsed = Logits::kSplitScore && ReadsMemory<Part>::value && kWantedBytes <= kBytesFree;
+  struct Fetched {
+    Part parts[kUsed ? kCount / 32 : 1];
+  };
+  Part parts[kUsed ? kWarps : 1][kUsed ? kCount : 1];
+  __device__ __forceinline__ Part* of_warp(int warp) { return parts[kUsed ? warp : 0]; }
 };
 
 // The forwards' online softmax moves a row's exponent base (the maximum its

@@ -46,7 +46,10 @@
 // head, say) once per batch and head, and what depends on a row, a column
 // or the distance q - kv alone (a relative-position bias) once per row,
 // column or distinct distance of a thread's tile, instead of once per pair
-// (LogitMap).
+// (LogitMap). A ScoreColumn read from captured memory says so with
+// kReadsMemory as a mask part does: the forwards then read a key tile's
+// columns once per warp, before the tile's products, and share them through
+// shared memory (ScorePartsStage).
 
 // A mask whose visible keys of a query row form a few intervals may say so
 // (dflex-compile emits it where the test is shorter than mask_pair):
@@ -111,7 +114,7 @@ struct ScorePartsOf<Variant, true> {
   using Distance = typename Variant::ScoreDistance;
 };
 
-// Whether working out a mask part reads captured memory (Part::kReadsMemory).
+// Whether working out a mask or score part reads captured memory (Part::kReadsMemory).
 template <class Part, class = void>
 struct ReadsMemory {
   static constexpr bool value = false;

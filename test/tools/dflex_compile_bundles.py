@@ -77,7 +77,7 @@ SM90_BACKWARD_LAUNCH = {64: {"threads": 384, "shared_bytes": 165928, "block_m": 
 SM120_SHARED_BYTES_PER_BLOCK = 101376
 PORTABLE_FORWARD_LAUNCH = {
     (64, 90): {"threads": 128, "shared_bytes": 32768, "block_m": 128, "block_n": 64},
-    (64, 120): {"threads": 128, "shared_bytes": 24576, "block_m": 64, "block_n": 64},
+    (64, 120): {"threads": 128, "shared_bytes": 49152, "block_m": 64, "block_n": 128},
     (128, 90): {"threads": 128, "shared_bytes": 65536, "block_m": 128, "block_n": 64},
     (128, 120): {"threads": 128, "shared_bytes": 49152, "block_m": 64, "block_n": 64},
     (256, 90): {"threads": 128, "shared_bytes": 98304, "block_m": 64, "block_n": 64},

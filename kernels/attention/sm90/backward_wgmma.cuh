@@ -112,14 +112,11 @@ __device__ __forceinline__ void backward_probabilities(const LogitMap<Variant>& 
                                                        unsigned (&p_frag)[kSteps][4]) {
   static_assert(kBlocks == 2 * kSteps, "two 8-query blocks per k-step");
   // The score parts of the thread's two keys once, of each query pair once
-  // per block, and of each distance once: element (b, e) is at distance
-  // q_start + col_pair - key0 + 8 * (b - e / 2) + e % 2, so a block's second
-  // key sees the distances of the block before's first.
+  // per block, and of each distance once (LogitMap::BlockDistances): element
+  // (b, e) is at distance q_start + col_pair - key0 + 8 * (b - e / 2) + e % 2.
   using Logits = LogitMap<Variant>;
   const typename Logits::ScoreColumn columns[2] = {logits.score_column(tile.key0), logits.score_column(tile.key0 + 8)};
-  const int distance0 = tile.q_start + tile.col_pair - tile.key0;
-  typename Logits::ScoreDistance second_key[2] = {logits.score_distance(distance0 - 8),
-                                                  logits.score_distance(distance0 - 7)};
+  typename Logits::template BlockDistances<1> distances(logits, tile.q_start + tile.col_pair - tile.key0);
 #pragma unroll
   for (int b = 0; b < kBlocks; ++b) {
     const int col = 8 * b + tile.col_pair;
@@ -127,12 +124,11 @@ __device__ __forceinline__ void backward_probabilities(const LogitMap<Variant>& 
     const float lse_log2[2] = {lse_exponent_offset(lse.x), lse_exponent_offset(lse.y)};
     const typename Logits::ScoreRow rows[2] = {logits.score_row(tile.q_start + col),
                                                logits.score_row(tile.q_start + col + 1)};
-    const typename Logits::ScoreDistance first_key[2] = {logits.score_distance(distance0 + 8 * b),
-                                                         logits.score_distance(distance0 + 8 * b + 1)};
+    distances.enter(b);
     float p[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const typename Logits::ScoreDistance& distance = (e >> 1) ? second_key[e & 1] : first_key[e & 1];
+      const typename Logits::ScoreDistance& distance = distances.of(e);
       const float exponentiated =
           fast_exp2(logits.logit(scores[b][e], rows[e & 1], columns[e >> 1], distance) - lse_log2[e & 1]);
       const float factor = exponentiated * logits.logit_grad(scores[b][e], rows[e & 1], columns[e >> 1], distance);
@@ -147,8 +143,6 @@ __device__ __forceinline__ void backward_probabilities(const LogitMap<Variant>& 
     }
     p_frag[b / 2][2 * (b & 1)] = ElementTraits<Element>::pack(p[0], p[1]);
     p_frag[b / 2][2 * (b & 1) + 1] = ElementTraits<Element>::pack(p[2], p[3]);
-    second_key[0] = first_key[0];
-    second_key[1] = first_key[1];
   }
 }
 

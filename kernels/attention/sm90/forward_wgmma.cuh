@@ -68,6 +68,11 @@ struct Sm90ForwardConsumer {
   using ColumnStage = VaryingPartsStage<Variant, false, kBlockN, kConsumerThreads / 32,
                                         kMaxSharedMemoryPerBlockSm90 - Config::kSharedBytes>;
   typename ColumnStage::Part* columns;  // this warp's
+  // The consumer warps' score_mod column parts of each key tile (LogitMap::fetch_score_parts).
+  using ScoreStage = ScorePartsStage<Variant, false, kBlockN, kConsumerThreads / 32,
+                                      kMaxSharedMemoryPerBlockSm90 - Config::kSharedBytes - ColumnStage::kUsedBytes>;
+  typename ScoreStage::Part* score_columns;  // this warp's
+  typename LogitMap<Variant>::ScoreRow score_rows[2];  // of rows thread_q and thread_q + 8
 
   float out[kOutBlocks][4];
   float row_max[2];  // log2 units, rows thread_q and thread_q + 8
@@ -137,14 +142,21 @@ struct Sm90ForwardConsumer {
   // Logits of S(j) (pairs not in `visible` hidden), the rows' exponent bases
   // (moved lazily: move_exponent_bases) and sums; P(j) into next_p. Returns
   // whether the bases moved, with the factor that rescales O in `correction`.
+  // Key tile j's score_mod column parts: read before its products, stored
+  // for softmax() after them.
+  __device__ __forceinline__ void fetch_score_columns(int j, typename ScoreStage::Fetched& fetched) const {
+    logits.template fetch_score_parts<false, kBlockN, ScoreStage::kUsed>(tile_entry_index(entries[j]) * kBlockN,
+                                                                         kv_len, lane, fetched);
+  }
+  __device__ __forceinline__ void store_score_columns(const typename ScoreStage::Fetched& fetched) const {
+    logits.template store_score_parts<kBlockN, ScoreStage::kUsed>(fetched, lane, score_columns);
+  }
+
   template <bool kChecked>
   __device__ __forceinline__ bool softmax(int j, float (&scores)[kScoreBlocks][4], unsigned long long visible,
                                           float (&correction)[2], PTile& next_p) {
-    if constexpr (kChecked) {
-      logits.apply_visible(scores, visible, thread_q, first_key(j));
-    } else {
-      logits.template apply<false>(scores, false, false, thread_q, first_key(j), q_len, kv_len, columns);
-    }
+    logits.template apply_shown<kChecked, ScoreStage::kUsed>(scores, visible, score_rows, thread_q, first_key(j),
+                                                             score_columns + 2 * (lane & 3));
     const float exponent_scale = logits.exponent_scale();
     float tile_max[2];
     exponent_tile_max(scores, row_max, exponent_scale, tile_max);
@@ -190,6 +202,8 @@ struct Sm90ForwardConsumer {
   template <bool kChecked>
   __device__ __forceinline__ void first_tile(PTile& p) {
     const unsigned long long visible = visibility<kChecked>(0);
+    typename ScoreStage::Fetched fetched;
+    fetch_score_columns(0, fetched);
     float scores[kScoreBlocks][4];
     float correction[2];
     wait_turn();
@@ -198,6 +212,7 @@ struct Sm90ForwardConsumer {
     wgmma_wait<0>();
     register_fence(scores);
     mbarrier_arrive(smem.k_empty(0));
+    store_score_columns(fetched);
     softmax<kChecked>(0, scores, visible, correction, p);
   }
 
@@ -206,6 +221,8 @@ struct Sm90ForwardConsumer {
   template <bool kChecked>
   __device__ __forceinline__ void next_tile(int j, const PTile& p, PTile& next_p) {
     const unsigned long long visible = visibility<kChecked>(j);  // before the products: fewer live registers
+    typename ScoreStage::Fetched fetched;
+    fetch_score_columns(j, fetched);
     float scores[kScoreBlocks][4];
     float correction[2];
     wait_turn();
@@ -215,6 +232,7 @@ struct Sm90ForwardConsumer {
     wgmma_wait<1>();  // S(j) is done
     register_fence(scores);
     mbarrier_arrive(smem.k_empty(j % kStages));  // K(j) is free as soon as S(j) is done
+    store_score_columns(fetched);
     const bool moved = softmax<kChecked>(j, scores, visible, correction, next_p);
     wgmma_wait<0>();
     register_fence(out);
@@ -263,6 +281,7 @@ struct Sm90ForwardConsumer {
     row_sum[0] = row_sum[1] = 0.f;
     mbarrier_wait(smem.q_full(), 0);
     if (count == 0) return;
+    logits.score_rows(thread_q, q_len, score_rows);
     PTile p_even, p_odd;  // P of the even and of the odd key tiles
     first(p_even);
     // One call of next() per P buffer: each is two copies of the tile's code
@@ -350,6 +369,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // Consumers: warpgroup 1 owns query rows 0..63 of the tile, warpgroup 2 rows 64..127.
     setmaxnreg_increase<Config::kConsumerRegisters>();
     __shared__ typename Sm90ForwardConsumer<Config, Variant>::ColumnStage column_stage;
+    __shared__ typename Sm90ForwardConsumer<Config, Variant>::ScoreStage score_column_stage;
     const int lane = threadIdx.x & 31;
     const int row0 = 64 * (warpgroup - 1);
     const int thread_row = row0 + 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);  // and thread_row + 8
@@ -363,7 +383,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                                                   shape.q_len,
                                                   shape.kv_len,
                                                   q_rows < kBlockM,
-                                                  column_stage.of_warp((threadIdx.x - kProducerThreads) >> 5)};
+                                                  column_stage.of_warp((threadIdx.x - kProducerThreads) >> 5),
+                                                  score_column_stage.of_warp((threadIdx.x - kProducerThreads) >> 5)};
     // The first warpgroup takes the first turn.
     if (warpgroup == 2) named_barrier_arrive(Sm90ForwardConsumer<Config, Variant>::kTurnBarrier, 256);
     consumer.run(count);

@@ -826,12 +826,13 @@ void run_checks() {
   // The forward pipelines that are not defaults, at sm_120's tiles.
   check_forward_pipeline<128, 64, ForwardPipeline::kRegisterQuery>("candidates Q regs");
   check_forward_pipeline<64, 64, ForwardPipeline::kSharedQueryEarlyKey>("candidates d64 early K");
-  check_forward_pipeline<64, 64, ForwardPipeline::kRegisterQuery>("candidates d64 Q regs");
+  check_forward_pipeline<64, 128, ForwardPipeline::kSharedQueryEarlyKey>("candidates d64 128 keys early K");
   // 128 x 64 over 8 warps, one block per sm_120 SM (the sweep's).
   check_forward_pipeline<128, 64, ForwardPipeline::kSharedQuery, 128, 8>("candidates 128x64 w8");
   check_forward_pipeline<128, 64, ForwardPipeline::kSharedQueryEarlyKey, 128, 8>("candidates 128x64 w8 early K");
-  // sm_120's head_dim 256 forward on more masks than the sm120 cfg cases above.
+  // sm_120's head_dim 256 and 64 forwards on more masks than the sm120 cfg cases above.
   check_forward_pipeline<256, 32, ForwardPipeline::kRegisterQuery>("sm120 cfg d256");
+  check_forward_pipeline<64, 128, ForwardPipeline::kRegisterQuery>("sm120 cfg d64");
   // dQ without the fp32 accumulator (attention_backward_grad_q_pass_kernel).
   struct Sm120GradQPass {
     using Forward = AttentionForwardConfig<__nv_bfloat16, 128, 64, 64, 4>;
@@ -1160,13 +1161,14 @@ void run_sweep() {
   time_kernels<PortableKernels<AttentionForwardConfig<Element, 256, 64, 32, 4, RegisterQuery>, Wide::Backward>>(
       wide_problem);
   time_kernels<PortableKernels<Wide::Forward, AttentionBackwardConfig<Element, 256, 32, 32, 4, 32>>>(wide_problem);
-  // head_dim 64 (prefix_lm's): sm_120's forward with each pipeline.
+  // head_dim 64 (prefix_lm's): sm_120's forward (64 x 128, Q in registers) against
+  // early K with 64 and 128 keys.
   using Narrow = DefaultAttentionConfigs<Element, 64, 120>;
   const auto narrow_problem = causal_timing_problem("causal 8192 d64", 16, 16, 64);
   time_kernels<PortableKernels<Narrow::Forward, Narrow::Backward>>(narrow_problem);
   time_kernels<PortableKernels<AttentionForwardConfig<Element, 64, 64, 64, 4, EarlyKey>, Narrow::Backward>>(
       narrow_problem);
-  time_kernels<PortableKernels<AttentionForwardConfig<Element, 64, 64, 64, 4, RegisterQuery>, Narrow::Backward>>(
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 64, 64, 128, 4, EarlyKey>, Narrow::Backward>>(
       narrow_problem);
 }
 
