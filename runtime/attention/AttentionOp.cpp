@@ -340,6 +340,17 @@ AttentionKernelPlan devicePlan(const KernelBundle &bundle, const AttentionKernel
   return planAttentionKernels(bundle, spec, deviceComputeCapability(device.index()), choice);
 }
 
+/// `captures` with the scalar captures that are on a device copied to the
+/// host (a synchronisation), so that the values are read back once a call.
+std::vector<torch::Tensor> scalarCapturesOnHost(const AttentionKernelSpec &spec,
+                                                const std::vector<torch::Tensor> &captures) {
+  std::vector<torch::Tensor> onHost = captures;
+  for (size_t i = 0; i < onHost.size() && i < spec.layout.captures.size(); ++i)
+    if (!spec.layout.captures[i].isTensor && onHost[i].defined() && onHost[i].is_cuda())
+      onHost[i] = onHost[i].cpu();
+  return onHost;
+}
+
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
@@ -352,8 +363,11 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                              const std::shared_ptr<const KernelBundle> &bundle,
                              const AttentionKernelSpec &spec, const torch::Tensor &q,
                              const torch::Tensor &k, const torch::Tensor &v,
-                             const std::vector<torch::Tensor> &captures, bool needBackward) {
+                             const std::vector<torch::Tensor> &givenCaptures, bool needBackward) {
     const AttentionProblem problem = checkInputs(spec, q, k, v);
+    // Scalar captures read back once: the backward packs them again without
+    // a synchronisation of its own.
+    const std::vector<torch::Tensor> captures = scalarCapturesOnHost(spec, givenCaptures);
     AttentionOutputs outputs;
     if (q.is_cuda()) {
       const AttentionKernelChoice choice = attentionKernelChoice();
