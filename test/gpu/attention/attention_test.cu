@@ -3,8 +3,8 @@
 //   --self-test  check the float64 reference's gradients by finite differences (CPU only)
 //   --check      forward + backward on random inputs for a set of masks, score mods,
 //                head dims, GQA groups, layouts and odd lengths, against the reference
-//   --time       DFlash training shape and causal 8192 (d128, d256), each in both layouts: fwd and
-//                fwd+bwd medians
+//   --time       DFlash training shape and causal 8192 (d128, d256), each in both layouts, and
+//                packed documents of 8192: fwd and fwd+bwd medians
 //   --sweep      candidate configs on the DFlash shape, portable backward ones also on causal
 //                8192 at head_dim 128 and 256 (tuning)
 //   --sm120-occupancy  pad each kernel's shared memory so that as many blocks share a
@@ -1050,6 +1050,25 @@ void with_dflash_timing_problem(Body&& body) {
   body(make_timing_problem("dflash 512 anchors x 16, context 8192", p, 1, host_variant, device_variant));
 }
 
+// Documents of 40 to 800 tokens packed into 8192 (bench/attention_bench.py's
+// document mask), the same in every head: most query tiles see one to three
+// key tiles, most of them partial.
+template <class Body>
+void with_document_timing_problem(Body&& body) {
+  const int length = 8192;
+  std::mt19937_64 rng(2025);
+  std::vector<int> ids(2 * length);  // DocumentVariant's two layouts, equal here
+  for (int t = 0, doc = 0; t < length; ++doc) {
+    const int end = std::min(length, t + 40 + static_cast<int>(rng() % 761));
+    for (; t < end; ++t) ids[t] = ids[length + t] = doc;
+  }
+  DeviceBuffer<int> device_ids(ids.size());
+  device_ids.upload(ids);
+  body(make_timing_problem("documents of 40-800 tokens, 8192", square_problem(1, 32, 8, length, length, 128), 1,
+                           DocumentVariant{IdentityScore{}, ids.data(), length},
+                           DocumentVariant{IdentityScore{}, device_ids.get(), length}));
+}
+
 // Causal attention over 8192 tokens, batch 1.
 TimingProblem<CausalVariant> causal_timing_problem(const std::string& name, int q_heads, int kv_heads, int head_dim) {
   return make_timing_problem(name, square_problem(1, q_heads, kv_heads, 8192, 8192, head_dim), 1, CausalVariant{},
@@ -1094,6 +1113,7 @@ void run_timing() {
   const auto wide = causal_timing_problem("causal 8192 d256", 16, 4, 256);
   time_defaults<256>(wide);
   time_defaults<256>(wide, Layout::kBHTD);
+  with_document_timing_problem([](const auto& t) { time_defaults<128>(t); });
 }
 
 // Candidate configs on the DFlash shape, the defaults first; portable backward
