@@ -10,6 +10,8 @@
 //   --sm120-occupancy  pad each kernel's shared memory so that as many blocks share a
 //                multiprocessor as on sm_120 (100 KB per SM): the proxy's occupancy; --time
 //                then runs the portable kernels with sm_120's configs
+//   --filter NAME_PART  only the check and timing cases whose name contains it (e.g.
+//                "documents": with `make profile PROFILE_ARGS=...`, Nsight Compute on that shape)
 //   --impl portable|sm90|all  which kernels --check/--time/--sweep run (default all):
 //                the portable templates and, in builds for sm_90a (-DDFLEX_TEST_SM90,
 //                see the Makefile) on an sm_90 device, the Hopper kernels (kernels/attention/sm90)
@@ -980,6 +982,7 @@ void time_kernels(const TimingProblem<Variant>& t, Layout layout = Layout::kBTHD
   using Run = AttentionRun<Kernels>;
   using Forward = typename Kernels::Forward;
   using Backward = typename Kernels::Backward;
+  if (t.name.find(g_filter) == std::string::npos) return;
   const Problem& p = t.problem;
   const auto build_start = std::chrono::steady_clock::now();
   const HostTileList forward_tiles = build_tile_list(t.host_variant, TileRows::kQuery, t.list_batches, 1, p.q_len,
@@ -1220,7 +1223,7 @@ int main(int argc, char** argv) {
       g_run_sm90 = impl != "portable";
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--self-test] [--check [--filter NAME_PART]] [--time] [--sweep]\n"
+                   "usage: %s [--self-test] [--check] [--time] [--sweep] [--filter NAME_PART]\n"
                    "          [--impl portable|sm90|all] [--sm120-occupancy]\n"
                    "  (no mode: self-test, check and time; --impl: default all)\n",
                    argv[0]);
