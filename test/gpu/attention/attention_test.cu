@@ -4,7 +4,7 @@
 //   --check      forward + backward on random inputs for a set of masks, score mods,
 //                head dims, GQA groups, layouts and odd lengths, against the reference
 //   --time       DFlash training shape and causal 8192 (d128, d256), each in both layouts, and
-//                packed documents of 8192: fwd and fwd+bwd medians
+//                packed documents and a sliding window of 1000 at 8192: fwd and fwd+bwd medians
 //   --sweep      candidate configs on the DFlash shape, portable backward ones also on causal
 //                8192 at head_dim 128 and 256 (tuning)
 //   --sm120-occupancy  pad each kernel's shared memory so that as many blocks share a
@@ -1117,6 +1117,8 @@ void run_timing() {
   time_defaults<256>(wide);
   time_defaults<256>(wide, Layout::kBHTD);
   with_document_timing_problem([](const auto& t) { time_defaults<128>(t); });
+  time_defaults<128>(make_timing_problem("sliding window 1000, 8192", square_problem(1, 32, 8, 8192, 8192, 128), 1,
+                                         HeadWindowVariant{{}, 1000, 0}, HeadWindowVariant{{}, 1000, 0}));
 }
 
 // Candidate configs on the DFlash shape, the defaults first; portable backward
