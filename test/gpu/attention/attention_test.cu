@@ -666,6 +666,15 @@ Problem square_problem(int batch, int q_heads, int kv_heads, int q_len, int kv_l
   return Problem{batch, q_heads, kv_heads, q_len, kv_len, head_dim, 1.0 / std::sqrt(static_cast<double>(head_dim))};
 }
 
+// Document ids of one row of `length` tokens: documents of shortest to
+// longest tokens (uniform), numbered from 0, the last cut at the row's end.
+void pack_documents(int* row, int length, int shortest, int longest, std::mt19937_64& rng) {
+  for (int t = 0, doc = 0; t < length; ++doc) {
+    const int end = std::min(length, t + shortest + static_cast<int>(rng() % (longest - shortest + 1)));
+    for (; t < end; ++t) row[t] = doc;
+  }
+}
+
 // Documents of 20 to 150 tokens packed into `length`, two layouts per batch
 // (DocumentVariant), per-head tile lists.
 template <class Element, int kHeadDim, int kTarget = 90,
@@ -674,13 +683,7 @@ void check_documents(const std::string& name, int batch, int q_heads, int kv_hea
                      unsigned long long seed) {
   std::mt19937_64 rng(seed);
   std::vector<int> ids(static_cast<size_t>(batch) * 2 * length);
-  for (size_t row = 0; row < ids.size() / length; ++row) {
-    int doc = 0;
-    for (int t = 0; t < length; ++doc) {
-      const int end = std::min(length, t + 20 + static_cast<int>(rng() % 131));
-      for (; t < end; ++t) ids[row * length + t] = doc;
-    }
-  }
+  for (size_t row = 0; row < ids.size() / length; ++row) pack_documents(ids.data() + row * length, length, 20, 150, rng);
   DeviceBuffer<int> device_ids(ids.size());
   device_ids.upload(ids);
   CaseSpec spec{name, square_problem(batch, q_heads, kv_heads, length, length, kHeadDim)};
@@ -1061,10 +1064,8 @@ void with_document_timing_problem(Body&& body) {
   const int length = 8192;
   std::mt19937_64 rng(2025);
   std::vector<int> ids(2 * length);  // DocumentVariant's two layouts, equal here
-  for (int t = 0, doc = 0; t < length; ++doc) {
-    const int end = std::min(length, t + 40 + static_cast<int>(rng() % 761));
-    for (; t < end; ++t) ids[t] = ids[length + t] = doc;
-  }
+  pack_documents(ids.data(), length, 40, 800, rng);
+  std::copy(ids.begin(), ids.begin() + length, ids.begin() + length);
   DeviceBuffer<int> device_ids(ids.size());
   device_ids.upload(ids);
   body(make_timing_problem("documents of 40-800 tokens, 8192", square_problem(1, 32, 8, length, length, 128), 1,
