@@ -1145,6 +1145,10 @@ void run_sweep() {
       // 32-key tiles: 32 KB of shared memory, three blocks per SM on sm_120 where registers allow.
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 64, 32, 4>, Defaults::Backward>>(t);
       time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 32, 8>, Defaults::Backward>>(t);
+      // 128 x 32 over 4 warps (32 rows each), 48 KB: two blocks per sm_120 SM, each key
+      // fragment read from shared memory serving twice the rows of the 64 x 64 default.
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 32, 4>, Defaults::Backward>>(t);
+      time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 32, 4, EarlyKey>, Defaults::Backward>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 16>>>(t);
       time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 4, 32>>>(t);
@@ -1175,6 +1179,9 @@ void run_sweep() {
       causal_problem);
   time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 64, 8>, Defaults::Backward>>(causal_problem);
   time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 64, 8, EarlyKey>, Defaults::Backward>>(
+      causal_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 32, 4>, Defaults::Backward>>(causal_problem);
+  time_kernels<PortableKernels<AttentionForwardConfig<Element, 128, 128, 32, 4, EarlyKey>, Defaults::Backward>>(
       causal_problem);
   time_kernels<PortableKernels<Defaults::Forward, AttentionBackwardConfig<Element, 128, 64, 64, 8, 16>>>(
       causal_problem);
