@@ -835,6 +835,9 @@ void run_checks() {
   // 128 x 64 over 8 warps, one block per sm_120 SM (the sweep's).
   check_forward_pipeline<128, 64, ForwardPipeline::kSharedQuery, 128, 8>("candidates 128x64 w8");
   check_forward_pipeline<128, 64, ForwardPipeline::kSharedQueryEarlyKey, 128, 8>("candidates 128x64 w8 early K");
+  // 128 x 32 over 4 warps (32 rows a warp), two blocks per sm_120 SM (the sweep's).
+  check_forward_pipeline<128, 32, ForwardPipeline::kSharedQuery, 128, 4>("candidates 128x32 w4");
+  check_forward_pipeline<128, 32, ForwardPipeline::kSharedQueryEarlyKey, 128, 4>("candidates 128x32 w4 early K");
   // sm_120's head_dim 256 and 64 forwards on more masks than the sm120 cfg cases above.
   check_forward_pipeline<256, 32, ForwardPipeline::kRegisterQuery>("sm120 cfg d256");
   check_forward_pipeline<64, 128, ForwardPipeline::kRegisterQuery>("sm120 cfg d64");
