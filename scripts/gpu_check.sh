@@ -6,7 +6,8 @@
 # to $OUT (or /tmp/dflex-gpu).
 # DFLEX_SKIP_CHECKS=1 runs only the benchmarks, DFLEX_SKIP_BENCH=1 only the checks
 # (the two halves fit one device call each); DFLEX_ONLY="name ..." runs only the
-# steps named (after the build); DFLEX_MASK_LENGTHS="1300,8192" picks the
+# steps named (after the build, which is skipped when every step named is a kernel
+# harness's, which needs none); DFLEX_MASK_LENGTHS="1300,8192" picks the
 # lengths of the user-mask benchmark; DFLEX_SANITIZE=1 adds
 # compute-sanitizer memcheck and racecheck on both kernel harnesses.
 set -uo pipefail
@@ -17,12 +18,21 @@ mkdir -p "$logs"
 jobs=$(nproc)
 summary=()
 
+# The steps that run a kernel harness alone (test/gpu), without the runtime.
+harness_steps=" attention_kernels gated_delta_kernels attention_candidates attention_sanitizer gated_delta_sanitizer "
+only_harness_steps() {
+  local name
+  [ -n "${DFLEX_ONLY:-}" ] || return 1
+  for name in $DFLEX_ONLY; do [[ "$harness_steps" == *" $name "* ]] || return 1; done
+}
+
 step() { # name command...
   local name=$1 start status
   shift
   if [ -n "${DFLEX_ONLY:-}" ] && [ "$name" != build ] && [[ " $DFLEX_ONLY " != *" $name "* ]]; then
     return 0
   fi
+  if [ "$name" = build ] && only_harness_steps; then return 0; fi
   start=$(date +%s)
   if "$@" >"$logs/$name.log" 2>&1; then status=ok; else status=FAILED; fi
   summary+=("$(printf '%-28s %-7s %5ss' "$name" "$status" "$(($(date +%s) - start))")")
@@ -87,6 +97,23 @@ step build build_runtime
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step attention_bench_sm120 python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so \
     .device/bundles_sm120 --kernels portable --flex-mma-sync --flex-autotune --flex-sm120-occupancy
+# Kernel candidates the runtime does not launch yet, against the library's kernels in the same
+# call; run only when named (DFLEX_ONLY=attention_candidates). The row-kernel candidates
+# (test/gpu/attention/row_kernel_candidates.cuh) checked, then every backward timed with the
+# library's row kernels, the candidates and the library's again; then the portable sweep at
+# sm_120's occupancy.
+attention_candidates() {
+  local harness=build-gpu-attention/attention_test impl status=0
+  make -C test/gpu/attention BUILD_DIR="$root/build-gpu-attention" || return 1
+  "$harness" --check --row-kernel-candidates || status=1
+  for impl in sm90 portable; do
+    "$harness" --time --impl "$impl" && "$harness" --time --impl "$impl" --row-kernel-candidates &&
+      "$harness" --time --impl "$impl" || status=1
+  done
+  "$harness" --sweep --impl portable --sm120-occupancy || status=1
+  return "$status"
+}
+[[ " ${DFLEX_ONLY:-} " != *" attention_candidates "* ]] || step attention_candidates attention_candidates
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step train_bench python3 bench/train_bench.py build-gpu .device/bundles
 # dflex-train against the PyTorch recipe on the same batches, side by side.

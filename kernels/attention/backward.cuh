@@ -32,13 +32,18 @@ struct QueryRow {
   int q;
   long long flat;
 
-  __device__ __forceinline__ static QueryRow of_warp(const AttentionShape& shape) {
+  __device__ __forceinline__ static QueryRow at(long long flat, const AttentionShape& shape) {
     QueryRow row;
-    row.flat = static_cast<long long>(blockIdx.x) * (kRowKernelThreads / 32) + (threadIdx.x >> 5);
-    row.q = static_cast<int>(row.flat % shape.q_len);
-    row.head = static_cast<int>((row.flat / shape.q_len) % shape.q_heads);
-    row.batch = static_cast<int>(row.flat / (static_cast<long long>(shape.q_len) * shape.q_heads));
+    row.flat = flat;
+    row.q = static_cast<int>(flat % shape.q_len);
+    row.head = static_cast<int>((flat / shape.q_len) % shape.q_heads);
+    row.batch = static_cast<int>(flat / (static_cast<long long>(shape.q_len) * shape.q_heads));
     return row;
+  }
+  // The row of this thread's warp in a row kernel.
+  __device__ __forceinline__ static QueryRow of_warp(const AttentionShape& shape) {
+    static_assert(kRowKernelRowsPerWarp == 1, "the row kernels take one row a warp");
+    return at(static_cast<long long>(blockIdx.x) * kRowKernelRows + (threadIdx.x >> 5), shape);
   }
 };
 
@@ -49,7 +54,7 @@ __device__ __forceinline__ float lse_exponent_offset(float lse) {
   return lse == negative_infinity() ? positive_infinity() : lse * kLog2e;
 }
 
-// Grid: ceil(batch * q_heads * q_len / (kRowKernelThreads / 32)); kRowKernelThreads threads.
+// Grid: ceil(batch * q_heads * q_len / kRowKernelRows); kRowKernelThreads threads.
 // kZeroAccumulator = false leaves the accumulator alone (the dQ pass needs none).
 template <class Config, bool kZeroAccumulator = true>
 __global__ void __launch_bounds__(kRowKernelThreads) attention_backward_preprocess_kernel(const AttentionBackwardParams params) {
@@ -88,7 +93,7 @@ __device__ __forceinline__ int portable_grad_q_column(int position) {
   return (position & ~15) | ((position & 15) >> 1);
 }
 
-// Grid: ceil(batch * q_heads * q_len / (kRowKernelThreads / 32)); kRowKernelThreads threads.
+// Grid: ceil(batch * q_heads * q_len / kRowKernelRows); kRowKernelThreads threads.
 template <class Config>
 __global__ void __launch_bounds__(kRowKernelThreads) attention_backward_grad_q_kernel(const AttentionBackwardParams params) {
   using Element = typename Config::Element;

@@ -114,9 +114,11 @@ struct Select<false, First, Second> {
   using Type = Second;
 };
 
-// Threads per block of the row-wise kernels (backward preprocess, dQ
-// conversion): one warp per (batch, head, query) row.
+// The row-wise kernels (backward preprocess, dQ conversion): threads per
+// block, (batch, head, query) rows per warp and per block.
 constexpr int kRowKernelThreads = 256;
+constexpr int kRowKernelRowsPerWarp = 1;
+constexpr int kRowKernelRows = kRowKernelThreads / 32 * kRowKernelRowsPerWarp;
 
 // The configurations dflex instantiates, per element type, head dim and
 // target (kComputeCapability 90: H100/H200; 120: RTX PRO 6000 / RTX 5090).

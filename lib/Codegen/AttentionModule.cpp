@@ -187,11 +187,12 @@ Result<GeneratedModule> generateAttention(const bundle::AttentionSpec &spec,
            << "] = {\n"
            << "    " << config << "::kThreads, " << launchSharedBytes << ",\n"
            << "    " << config << "::kBlockM, " << config << "::kBlockN"
-           << (backward ? ",\n    ::dflex::kernels::kRowKernelThreads};\n" : "};\n");
+           << (backward ? ",\n    ::dflex::kernels::kRowKernelThreads, ::dflex::kernels::kRowKernelRows};\n"
+                        : "};\n");
   };
   source << "// Launch constants, read back from each arch's compiled module:\n"
          << "// threads per block, dynamic shared bytes, query tile, key tile\n"
-         << "// (backward: and threads of the row kernels).\n";
+         << "// (backward: and threads and rows per block of the row kernels).\n";
   launchArray(LaunchArray::Forward, "dflex_generated::Configs::Forward", false, true);
   launchArray(LaunchArray::Backward, "dflex_generated::Configs::Backward", true, true);
   source << "extern \"C\" __device__ const int "

@@ -333,11 +333,10 @@ AttentionGrads cudaBackward(const KernelBundle &bundle, const AttentionKernelSpe
   std::vector<uint8_t> variant = captures.packDevice(spec);
 
   const CUstream stream = currentStream(q);
-  const int64_t warpsPerBlock = launch.rowKernelThreads / 32;
-  if (p.batch * p.qHeads * p.queryLength / warpsPerBlock >= std::numeric_limits<int32_t>::max())
+  if (p.batch * p.qHeads * p.queryLength / launch.rowKernelRows >= std::numeric_limits<int32_t>::max())
     throw FormatError("dflex attention '" + spec.name + "': batch x heads x queries " +
                       "exceeds the backward row kernels' grid");
-  const LaunchExtent rowGrid{ceilDiv(p.batch * p.qHeads * p.queryLength, warpsPerBlock), 1, 1};
+  const LaunchExtent rowGrid{ceilDiv(p.batch * p.qHeads * p.queryLength, launch.rowKernelRows), 1, 1};
   const LaunchExtent rowBlock{static_cast<unsigned>(launch.rowKernelThreads), 1, 1};
   void *rowArguments[] = {&params};
   void *arguments[] = {&params, variant.data()};

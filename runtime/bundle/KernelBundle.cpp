@@ -43,8 +43,10 @@ AttentionLaunch parseLaunch(const JsonObject &launch, LaunchArray array, bool ba
   result.sharedBytes = entry.integer(launch::kSharedBytes);
   result.blockM = entry.integer(launch::kBlockM);
   result.blockN = entry.integer(launch::kBlockN);
-  if (backward)
+  if (backward) {
     result.rowKernelThreads = entry.integer(launch::kRowKernelThreads);
+    result.rowKernelRows = entry.integer(launch::kRowKernelRows);
+  }
   auto positive = [&](const char *key, int64_t value) {
     if (value <= 0 || value > (int64_t(1) << 24))
       entry.fail(key, "must be a positive launch constant, got " + std::to_string(value));
@@ -54,8 +56,10 @@ AttentionLaunch parseLaunch(const JsonObject &launch, LaunchArray array, bool ba
   positive(launch::kBlockN, result.blockN);
   if (result.sharedBytes < 0 || result.sharedBytes > (int64_t(1) << 24))
     entry.fail(launch::kSharedBytes, "out of range: " + std::to_string(result.sharedBytes));
-  if (backward)
+  if (backward) {
     positive(launch::kRowKernelThreads, result.rowKernelThreads);
+    positive(launch::kRowKernelRows, result.rowKernelRows);
+  }
   return result;
 }
 
@@ -222,7 +226,7 @@ const BundleKernel &AttentionKernelSpec::kernel(KernelRole role) const {
 bool AttentionLaunch::operator==(const AttentionLaunch &other) const {
   return threads == other.threads && sharedBytes == other.sharedBytes &&
          blockM == other.blockM && blockN == other.blockN &&
-         rowKernelThreads == other.rowKernelThreads;
+         rowKernelThreads == other.rowKernelThreads && rowKernelRows == other.rowKernelRows;
 }
 
 bool AttentionLaunches::operator==(const AttentionLaunches &other) const {

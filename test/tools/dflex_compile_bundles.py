@@ -68,9 +68,9 @@ SM90_FORWARD_LAUNCH = {64: {"threads": 384, "shared_bytes": 83016, "block_m": 12
                        128: {"threads": 384, "shared_bytes": 164936, "block_m": 128, "block_n": 128},
                        256: {"threads": 384, "shared_bytes": 197704, "block_m": 128, "block_n": 64}}
 SM90_BACKWARD_LAUNCH = {64: {"threads": 384, "shared_bytes": 165928, "block_m": 64, "block_n": 128,
-                             "row_kernel_threads": 256},
+                             "row_kernel_threads": 256, "row_kernel_rows": 8},
                         128: {"threads": 384, "shared_bytes": 231464, "block_m": 64, "block_n": 128,
-                              "row_kernel_threads": 256}}
+                              "row_kernel_threads": 256, "row_kernel_rows": 8}}
 # The portable kernels' launch constants per head dim and compute capability
 # (DefaultAttentionConfigs, kernels/attention/config.cuh): sm_120 forwards keep 16
 # query rows per warp, sm_90 ones 32 where registers allow; one backward for both.
@@ -83,9 +83,12 @@ PORTABLE_FORWARD_LAUNCH = {
     (256, 90): {"threads": 128, "shared_bytes": 98304, "block_m": 64, "block_n": 64},
     (256, 120): {"threads": 128, "shared_bytes": 49152, "block_m": 64, "block_n": 32}}
 PORTABLE_BACKWARD_LAUNCH = {
-    64: {"threads": 128, "shared_bytes": 49664, "block_m": 64, "block_n": 64, "row_kernel_threads": 256},
-    128: {"threads": 256, "shared_bytes": 82432, "block_m": 64, "block_n": 64, "row_kernel_threads": 256},
-    256: {"threads": 128, "shared_bytes": 69888, "block_m": 32, "block_n": 32, "row_kernel_threads": 256}}
+    64: {"threads": 128, "shared_bytes": 49664, "block_m": 64, "block_n": 64, "row_kernel_threads": 256,
+         "row_kernel_rows": 8},
+    128: {"threads": 256, "shared_bytes": 82432, "block_m": 64, "block_n": 64, "row_kernel_threads": 256,
+          "row_kernel_rows": 8},
+    256: {"threads": 128, "shared_bytes": 69888, "block_m": 32, "block_n": 32, "row_kernel_threads": 256,
+          "row_kernel_rows": 8}}
 # sm_120's configs are chosen to compile without spills; the kernels that do spill on
 # sm_120, by module ("*": any) and role, with their bytes of spill stores. More is a regression.
 SM120_SPILL_BUDGETS = {

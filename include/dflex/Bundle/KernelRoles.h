@@ -39,6 +39,7 @@ inline constexpr const char *kSharedBytes = "shared_bytes";
 inline constexpr const char *kBlockM = "block_m";
 inline constexpr const char *kBlockN = "block_n";
 inline constexpr const char *kRowKernelThreads = "row_kernel_threads";
+inline constexpr const char *kRowKernelRows = "row_kernel_rows";
 inline constexpr const char *kChunkBackwardThreads = "chunk_backward_threads";
 inline constexpr const char *kStateThreads = "state_threads";
 inline constexpr const char *kChunkTableThreads = "chunk_table_threads";

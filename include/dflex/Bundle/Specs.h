@@ -19,7 +19,7 @@ namespace dflex::bundle {
 
 /// Template version folded into every cache key: bump when the code
 /// generator changes what it emits for the same input.
-inline constexpr const char *kTemplateVersion = "dflex-templates-6";
+inline constexpr const char *kTemplateVersion = "dflex-templates-7";
 
 /// The layout of a bundle's manifest.json (docs/bundle.md), which
 /// dflex-compile writes and the runtime reads: bump when it changes.

@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 #endif
 }
 
-// Grid: ceil(batch * q_heads * q_len / (kRowKernelThreads / 32)); kRowKernelThreads threads.
+// Grid: ceil(batch * q_heads * q_len / kRowKernelRows); kRowKernelThreads threads.
 // Converts the sm90 dQ accumulator (chunks permuted per row) to dQ.
 template <class Config>
 __global__ void __launch_bounds__(kRowKernelThreads)

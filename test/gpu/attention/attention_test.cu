@@ -15,6 +15,8 @@
 //   --impl portable|sm90|all  which kernels --check/--time/--sweep run (default all):
 //                the portable templates and, in builds for sm_90a (-DDFLEX_TEST_SM90,
 //                see the Makefile) on an sm_90 device, the Hopper kernels (kernels/attention/sm90)
+//   --row-kernel-candidates  every backward runs the candidate row kernels
+//                (row_kernel_candidates.cuh) in place of the library's
 // Exit status 0 only when every check passes.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -39,6 +41,7 @@
 #endif
 #include "../common/cuda_util.h"
 #include "reference.h"
+#include "row_kernel_candidates.cuh"
 #include "tile_lists.h"
 #include "variants.cuh"
 
@@ -176,18 +179,40 @@ dim3 forward_grid(const AttentionShape& shape) {
   return dim3(ceil_div(shape.q_len, Config::kBlockM), shape.q_heads, shape.batch);
 }
 
+// --row-kernel-candidates: the backwards run row_kernel_candidates' row kernels.
+bool g_row_kernel_candidates = false;
+
+// A row kernel (kLibrary, or kCandidate under --row-kernel-candidates) over
+// every (batch, head, query) row.
+template <auto kLibrary, auto kCandidate>
+void launch_row_kernel(const AttentionBackwardParams& params) {
+  const AttentionShape& shape = params.shape;
+  const long long rows = static_cast<long long>(shape.batch) * shape.q_heads * shape.q_len;
+  if (g_row_kernel_candidates) {
+    launch<kCandidate>(ceil_div(rows, row_kernel_candidates::kRowsPerBlock), kRowKernelThreads, 0, params);
+  } else {
+    launch<kLibrary>(ceil_div(rows, dflex::kernels::kRowKernelRows), kRowKernelThreads, 0, params);
+  }
+}
+
+// The backward preprocess: delta, and the zeroed dQ accumulator unless
+// kZeroAccumulator is false.
+template <class Config, bool kZeroAccumulator = true>
+void launch_preprocess(const AttentionBackwardParams& params) {
+  launch_row_kernel<dflex::kernels::attention_backward_preprocess_kernel<Config, kZeroAccumulator>,
+                    row_kernel_candidates::preprocess_kernel<Config, kZeroAccumulator>>(params);
+}
+
 // The three backward launches in order: preprocess (delta, zeroed dQ
 // accumulator), the main kernel kMain (one block per key tile), the dQ
-// conversion kGradQ.
-template <class Config, auto kMain, auto kGradQ, class Variant>
+// conversion kGradQ (kCandidateGradQ under --row-kernel-candidates).
+template <class Config, auto kMain, auto kGradQ, auto kCandidateGradQ, class Variant>
 void launch_backward_passes(const AttentionBackwardParams& params, const Variant& variant) {
   const AttentionShape& shape = params.shape;
-  const int row_blocks =
-      ceil_div(static_cast<long long>(shape.batch) * shape.q_heads * shape.q_len, kRowKernelThreads / 32);
-  launch<dflex::kernels::attention_backward_preprocess_kernel<Config>>(row_blocks, kRowKernelThreads, 0, params);
+  launch_preprocess<Config>(params);
   launch<kMain>(dim3(ceil_div(shape.kv_len, Config::kBlockN), shape.kv_heads, shape.batch), Config::kThreads,
                 Config::kSharedBytes, params, variant);
-  launch<kGradQ>(row_blocks, kRowKernelThreads, 0, params);
+  launch_row_kernel<kGradQ, kCandidateGradQ>(params);
 }
 
 template <class Config, class Variant>
@@ -200,7 +225,8 @@ void launch_forward(const AttentionForwardParams& params, const Variant& variant
 template <class Config, class Variant>
 void launch_backward(const AttentionBackwardParams& params, const Variant& variant) {
   launch_backward_passes<Config, dflex::kernels::attention_backward_kernel<Config, Variant>,
-                         dflex::kernels::attention_backward_grad_q_kernel<Config>>(params, variant);
+                         dflex::kernels::attention_backward_grad_q_kernel<Config>,
+                         row_kernel_candidates::grad_q_kernel<Config>>(params, variant);
 }
 
 std::string config_shape(int block_m, int block_n) { return std::to_string(block_m) + "x" + std::to_string(block_n); }
@@ -258,10 +284,7 @@ struct PortableGradQPassKernels {
   template <class Variant>
   static void backward(const AttentionBackwardParams& params, const TileList& forward_tiles, const Variant& variant) {
     const AttentionShape& shape = params.shape;
-    const int row_blocks =
-        ceil_div(static_cast<long long>(shape.batch) * shape.q_heads * shape.q_len, kRowKernelThreads / 32);
-    launch<dflex::kernels::attention_backward_preprocess_kernel<Backward, false>>(row_blocks, kRowKernelThreads, 0,
-                                                                                  params);
+    launch_preprocess<Backward, false>(params);
     launch<dflex::kernels::attention_backward_kernel<Backward, Variant, false>>(
         dim3(ceil_div(shape.kv_len, Backward::kBlockN), shape.kv_heads, shape.batch), Backward::kThreads,
         Backward::kSharedBytes, params, variant);
@@ -286,7 +309,8 @@ void launch_forward_sm90(const AttentionForwardParams& params, const Variant& va
 template <class Config, class Variant>
 void launch_backward_sm90(const AttentionBackwardParams& params, const Variant& variant) {
   launch_backward_passes<Config, dflex::kernels::attention_backward_sm90_kernel<Config, Variant>,
-                         dflex::kernels::attention_backward_grad_q_sm90_kernel<Config>>(params, variant);
+                         dflex::kernels::attention_backward_grad_q_sm90_kernel<Config>,
+                         row_kernel_candidates::grad_q_sm90_kernel<Config>>(params, variant);
 }
 
 template <class Config>
@@ -1224,6 +1248,8 @@ int main(int argc, char** argv) {
       sweep = true;
     } else if (arg == "--sm120-occupancy") {
       g_sm120_occupancy = true;
+    } else if (arg == "--row-kernel-candidates") {
+      g_row_kernel_candidates = true;
     } else if (arg == "--filter" && i + 1 < argc) {
       g_filter = argv[++i];
     } else if (arg == "--impl" && i + 1 < argc) {
@@ -1237,7 +1263,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--self-test] [--check] [--time] [--sweep] [--filter NAME_PART]\n"
-                   "          [--impl portable|sm90|all] [--sm120-occupancy]\n"
+                   "          [--impl portable|sm90|all] [--sm120-occupancy] [--row-kernel-candidates]\n"
                    "  (no mode: self-test, check and time; --impl: default all)\n",
                    argv[0]);
       return 2;
@@ -1254,6 +1280,9 @@ int main(int argc, char** argv) {
                 properties.multiProcessorCount);
     g_device_shared_per_sm = static_cast<int>(properties.sharedMemPerMultiprocessor);
     if (g_sm120_occupancy) std::printf("Blocks per SM as on sm_120 (shared memory padded)\n");
+    if (g_row_kernel_candidates) {
+      std::printf("Row kernels: the candidates, %d rows a warp\n", row_kernel_candidates::kRowsPerWarp);
+    }
 #ifdef DFLEX_TEST_SM90
     g_sm90_device = properties.major == 9 && properties.minor == 0;
     if (g_run_sm90 && !g_sm90_device) {

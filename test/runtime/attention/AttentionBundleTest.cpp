@@ -72,6 +72,7 @@ TEST(ExampleBundles, HopperKernelsAndTheirTilesPerHeadDim) {
     EXPECT_EQ(hopper.backward.launch.blockM, 64);
     EXPECT_EQ(hopper.backward.launch.blockN, 128);
     EXPECT_EQ(hopper.backward.launch.rowKernelThreads, 256);
+    EXPECT_EQ(hopper.backward.launch.rowKernelRows, 8);
     EXPECT_LE(hopper.backward.launch.sharedBytes, 232448);
     // The portable kernels on request: sm_90's default configs (4 warps of
     // 32 query rows); on sm_120, sm_120's (16 rows per warp), each within

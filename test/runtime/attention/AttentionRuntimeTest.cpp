@@ -136,6 +136,7 @@ JsonValue portableLaunch(const std::string &arch) {
   launch["dflex_backward_launch"]["block_m"] = 16;
   launch["dflex_backward_launch"]["block_n"] = sm120 ? 16 : 32;
   launch["dflex_backward_launch"]["row_kernel_threads"] = 256;
+  launch["dflex_backward_launch"]["row_kernel_rows"] = 8;
   return launch;
 }
 
@@ -240,6 +241,7 @@ void writeBundle(const std::string &directory,
         launch["dflex_backward_sm90_launch"]["block_m"] = 64;
         launch["dflex_backward_sm90_launch"]["block_n"] = 128;
         launch["dflex_backward_sm90_launch"]["row_kernel_threads"] = 256;
+        launch["dflex_backward_sm90_launch"]["row_kernel_rows"] = 8;
       }
       module["binaries"][arch]["launch"] = launch;
     }
@@ -275,6 +277,7 @@ TEST(KernelBundle, OpensAndDescribesItsSpecs) {
   EXPECT_EQ(launches.forward.sharedBytes, 4096);
   EXPECT_EQ(launches.backward.blockN, 32);
   EXPECT_EQ(launches.backward.rowKernelThreads, 256);
+  EXPECT_EQ(launches.backward.rowKernelRows, 8);
   EXPECT_EQ(spec.kernel(bundle::KernelRole::AttentionBackward).loweredNames.at("sm_90"),
             "_Zattention_backward_sm_90");
   const BundleBinary &binary = spec.binaries.at("sm_90");
@@ -426,6 +429,7 @@ TEST(KernelBundle, HopperKernelsArePerArch) {
   EXPECT_EQ(hopper.forwardSm90->blockN, 128);
   EXPECT_EQ(hopper.backwardSm90->blockM, 64);
   EXPECT_EQ(hopper.backwardSm90->rowKernelThreads, 256);
+  EXPECT_EQ(hopper.backwardSm90->rowKernelRows, 8);
   EXPECT_EQ(hopper.forward.blockM, 32);
   const AttentionLaunches &sm120 = spec.launches.at("sm_120");
   EXPECT_FALSE(sm120.forwardSm90 || sm120.backwardSm90);

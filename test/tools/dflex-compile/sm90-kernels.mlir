@@ -26,16 +26,16 @@ dflex.attention @d256 mask @causal heads(8, 2) head_dim(256, 256) : bf16
 // CHECK-NEXT:  using Sm90Configs = ::dflex::kernels::Sm90AttentionConfigs<__nv_bfloat16, 64>;
 // CHECK-NEXT:  #endif
 // CHECK:       extern "C" __device__ const int dflex_forward_launch[4]
-// CHECK:       extern "C" __device__ const int dflex_backward_launch[5]
+// CHECK:       extern "C" __device__ const int dflex_backward_launch[6]
 // CHECK:       extern "C" __device__ const int dflex_tile_classify_launch[1]
 // CHECK:       #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // CHECK-NEXT:  extern "C" __device__ const int dflex_forward_sm90_launch[4] = {
 // CHECK-NEXT:      dflex_generated::Sm90Configs::Forward::kThreads, dflex_generated::Sm90Configs::Forward::kSharedBytes,
 // CHECK-NEXT:      dflex_generated::Sm90Configs::Forward::kBlockM, dflex_generated::Sm90Configs::Forward::kBlockN};
-// CHECK-NEXT:  extern "C" __device__ const int dflex_backward_sm90_launch[5] = {
+// CHECK-NEXT:  extern "C" __device__ const int dflex_backward_sm90_launch[6] = {
 // CHECK-NEXT:      dflex_generated::Sm90Configs::Backward::kThreads, dflex_generated::Sm90Configs::Backward::kSharedBytes,
 // CHECK-NEXT:      dflex_generated::Sm90Configs::Backward::kBlockM, dflex_generated::Sm90Configs::Backward::kBlockN,
-// CHECK-NEXT:      ::dflex::kernels::kRowKernelThreads};
+// CHECK-NEXT:      ::dflex::kernels::kRowKernelThreads, ::dflex::kernels::kRowKernelRows};
 // CHECK-NEXT:  #endif
 
 // CHECK-LABEL: the attention kernels of @d128.
@@ -43,10 +43,10 @@ dflex.attention @d256 mask @causal heads(8, 2) head_dim(256, 256) : bf16
 // CHECK:       using Sm90Configs = ::dflex::kernels::Sm90AttentionConfigs<__half, 128>;
 // CHECK:       #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // CHECK-NEXT:  extern "C" __device__ const int dflex_forward_sm90_launch[4]
-// CHECK:       extern "C" __device__ const int dflex_backward_sm90_launch[5] = {
+// CHECK:       extern "C" __device__ const int dflex_backward_sm90_launch[6] = {
 // CHECK-NEXT:      dflex_generated::Sm90Configs::Backward::kThreads, dflex_generated::Sm90Configs::Backward::kSharedBytes,
 // CHECK-NEXT:      dflex_generated::Sm90Configs::Backward::kBlockM, dflex_generated::Sm90Configs::Backward::kBlockN,
-// CHECK-NEXT:      ::dflex::kernels::kRowKernelThreads};
+// CHECK-NEXT:      ::dflex::kernels::kRowKernelThreads, ::dflex::kernels::kRowKernelRows};
 // CHECK-NEXT:  #endif
 
 // CHECK-LABEL: the attention kernels of @d256.

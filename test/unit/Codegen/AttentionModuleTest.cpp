@@ -49,7 +49,7 @@ TEST(CodegenAttention, EachArchsBinaryHasTheConfigsOfItsComputeCapability) {
       codegen::generateAttention(spec, loaded.program("causal"), nullptr, "causal.mlir");
   ASSERT_TRUE(module.ok()) << module.error();
 
-  // threads, shared bytes, block_m, block_n (backward: and row kernel threads)
+  // threads, shared bytes, block_m, block_n (backward: and the row kernels' threads and rows per block)
   // of DefaultAttentionConfigs<bf16, 128, 90 / 120> and Sm90AttentionConfigs.
   struct Expected {
     const char *arch;
@@ -58,12 +58,12 @@ TEST(CodegenAttention, EachArchsBinaryHasTheConfigsOfItsComputeCapability) {
   const Expected expected[] = {
       {"sm_90a",
        {{"dflex_forward_launch", {128, 65536, 128, 64}},
-        {"dflex_backward_launch", {256, 82432, 64, 64, 256}},
+        {"dflex_backward_launch", {256, 82432, 64, 64, 256, 8}},
         {"dflex_forward_sm90_launch", {384, 164936, 128, 128}},
-        {"dflex_backward_sm90_launch", {384, 231464, 64, 128, 256}}}},
+        {"dflex_backward_sm90_launch", {384, 231464, 64, 128, 256, 8}}}},
       {"sm_120",
        {{"dflex_forward_launch", {128, 49152, 64, 64}},
-        {"dflex_backward_launch", {256, 82432, 64, 64, 256}}}},
+        {"dflex_backward_launch", {256, 82432, 64, 64, 256, 8}}}},
   };
   std::map<std::string, std::string> forwardKernel; // arch -> lowered name
   for (const Expected &target : expected) {

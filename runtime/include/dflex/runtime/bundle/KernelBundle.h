@@ -33,7 +33,8 @@ struct AttentionLaunch {
   int64_t sharedBytes = 0;      // dynamic shared memory of the main kernel
   int64_t blockM = 0;           // query tile
   int64_t blockN = 0;           // key tile
-  int64_t rowKernelThreads = 0; // backward only: preprocess and dQ kernels
+  int64_t rowKernelThreads = 0; // backward only: preprocess and dQ kernels,
+  int64_t rowKernelRows = 0;    // and the query rows each of their blocks takes
 
   bool operator==(const AttentionLaunch &other) const;
   bool operator!=(const AttentionLaunch &other) const { return !(*this == other); }
