@@ -371,6 +371,17 @@ TEST(KernelBundle, BadManifestsAreNamedAndExplained) {
          firstModule(m)["binaries"]["sm_90"]["launch"]["dflex_forward_launch"]["block_m"] = 0;
        },
        {"module 'windowed'", "binaries: sm_90: launch: dflex_forward_launch: block_m", "got 0"}},
+      {"row kernel rows",
+       [](JsonValue &m) {
+         firstModule(m)["binaries"]["sm_90"]["launch"]["dflex_backward_launch"]["row_kernel_rows"] = 0;
+       },
+       {"binaries: sm_90: launch: dflex_backward_launch: row_kernel_rows", "got 0"}},
+      {"row kernel rows missing",
+       [](JsonValue &m) {
+         firstModule(m)["binaries"]["sm_90"]["launch"]["dflex_backward_launch"].asObject().erase(
+             "row_kernel_rows");
+       },
+       {"binaries: sm_90: launch: dflex_backward_launch: row_kernel_rows", "missing"}},
       {"launch missing",
        [](JsonValue &m) { firstModule(m)["binaries"]["sm_90"].asObject().erase("launch"); },
        {"module 'windowed'", "binaries: sm_90: launch: missing"}},
