@@ -19,11 +19,12 @@ jobs=$(nproc)
 summary=()
 
 # The steps that run a kernel harness alone (test/gpu), without the runtime.
-harness_steps=" attention_kernels gated_delta_kernels attention_candidates attention_sanitizer gated_delta_sanitizer "
+harness_steps=(attention_kernels gated_delta_kernels attention_candidates_check attention_candidates
+               attention_sanitizer gated_delta_sanitizer)
 only_harness_steps() {
   local name
   [ -n "${DFLEX_ONLY:-}" ] || return 1
-  for name in $DFLEX_ONLY; do [[ "$harness_steps" == *" $name "* ]] || return 1; done
+  for name in $DFLEX_ONLY; do [[ " ${harness_steps[*]} " == *" $name "* ]] || return 1; done
 }
 
 step() { # name command...
@@ -98,22 +99,28 @@ step build build_runtime
   step attention_bench_sm120 python3 bench/attention_bench.py build-gpu/runtime/libdflex_torch_ops.so \
     .device/bundles_sm120 --kernels portable --flex-mma-sync --flex-autotune --flex-sm120-occupancy
 # Kernel candidates the runtime does not launch yet, against the library's kernels in the same
-# call; run only when named (DFLEX_ONLY=attention_candidates). The row-kernel candidates
-# (test/gpu/attention/row_kernel_candidates.cuh) checked, then every backward timed with the
-# library's row kernels, the candidates and the library's again; then the portable sweep at
-# sm_120's occupancy.
+# call; each step runs only when named (DFLEX_ONLY="attention_candidates_check
+# attention_candidates"). The first checks the row-kernel candidates
+# (test/gpu/attention/row_kernel_candidates.cuh) on every case; the second times every backward
+# with the library's row kernels, the candidates and the library's again, then runs the portable
+# sweep at sm_120's occupancy.
+candidate_harness=build-gpu-attention/attention_test
+attention_candidates_check() {
+  make -C test/gpu/attention BUILD_DIR="$root/build-gpu-attention" && "$candidate_harness" --check --row-kernel-candidates
+}
 attention_candidates() {
-  local harness=build-gpu-attention/attention_test impl status=0
+  local impl status=0
   make -C test/gpu/attention BUILD_DIR="$root/build-gpu-attention" || return 1
-  "$harness" --check --row-kernel-candidates || status=1
   for impl in sm90 portable; do
-    "$harness" --time --impl "$impl" && "$harness" --time --impl "$impl" --row-kernel-candidates &&
-      "$harness" --time --impl "$impl" || status=1
+    "$candidate_harness" --time --impl "$impl" && "$candidate_harness" --time --impl "$impl" --row-kernel-candidates &&
+      "$candidate_harness" --time --impl "$impl" || status=1
   done
-  "$harness" --sweep --impl portable --sm120-occupancy || status=1
+  "$candidate_harness" --sweep --impl portable --sm120-occupancy || status=1
   return "$status"
 }
-[[ " ${DFLEX_ONLY:-} " != *" attention_candidates "* ]] || step attention_candidates attention_candidates
+for candidate_step in attention_candidates_check attention_candidates; do
+  [[ " ${DFLEX_ONLY:-} " != *" $candidate_step "* ]] || step "$candidate_step" "$candidate_step"
+done
 [ "${DFLEX_SKIP_BENCH:-0}" = 1 ] ||
   step train_bench python3 bench/train_bench.py build-gpu .device/bundles
 # dflex-train against the PyTorch recipe on the same batches, side by side.
