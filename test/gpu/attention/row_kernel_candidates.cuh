@@ -1,5 +1,5 @@
 // Candidates for the backward's row kernels (preprocess, both dQ conversions),
-// timed and checked against the library's with --row-kernels 4. The library's
+// timed and checked against the library's with --row-kernel-candidates. The library's
 // take one (batch, head, query) row per warp: at 32 heads x 8192 queries that is
 // 32,768 blocks of 8 rows, each warp with a single round trip to memory in
 // flight, and they ran at about two thirds of the H200's bandwidth. These take
